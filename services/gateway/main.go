@@ -1,0 +1,173 @@
+// Command hangar-gateway is the AWS API front door: it serves EC2, STS (and
+// the other services as they land) on API_LISTEN, verifies every signature
+// against the host's credentials, keeps the AWS records in its state file,
+// and owns dev.hangar.Gateway1 on the system bus.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"hangar.dev/hangar/services/gateway/awsmodel"
+	"hangar.dev/hangar/services/gateway/ec2"
+	"hangar.dev/hangar/services/gateway/server"
+	"hangar.dev/hangar/services/gateway/sts"
+	"hangar.dev/hangar/services/internal/busutil"
+	"hangar.dev/hangar/services/internal/creds"
+	"hangar.dev/hangar/services/internal/hostconf"
+	"hangar.dev/hangar/services/internal/logging"
+	"hangar.dev/hangar/services/internal/sdnotify"
+	"hangar.dev/hangar/services/internal/store"
+)
+
+func main() {
+	var (
+		configPath = flag.String("config", hostconf.DefaultRuntimePath, "validated host config written by hangar-firstboot")
+		credsPath  = flag.String("credentials", "/etc/hangar/credentials", "host credentials (AWS shared-credentials format)")
+		stateDir   = flag.String("state-dir", envOr("STATE_DIRECTORY", "/var/lib/hangar/gateway"), "directory for state.db")
+		listen     = flag.String("listen", "", "address:port to serve the API on (default: API_LISTEN from the host config)")
+		tlsCert    = flag.String("tls-cert", "/etc/hangar/tls/server.crt", "certificate served when API_TLS=yes")
+		tlsKey     = flag.String("tls-key", "/etc/hangar/tls/server.key", "key of -tls-cert")
+	)
+	flag.Parse()
+	log := logging.New("hangar-gateway")
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, log, *configPath, *credsPath, *stateDir, *listen, *tlsCert, *tlsKey); err != nil {
+		log.Error("hangar-gateway failed", "err", err)
+		sdnotify.Status("failed: %v", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// reloadableKeys is the key store, replaced whole on SIGHUP.
+type reloadableKeys struct {
+	mu   sync.RWMutex
+	keys server.StaticKeys
+}
+
+func (r *reloadableKeys) Lookup(id string) (creds.Key, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.keys.Lookup(id)
+}
+
+func (r *reloadableKeys) set(k []creds.Key) {
+	r.mu.Lock()
+	r.keys = k
+	r.mu.Unlock()
+}
+
+func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir, listen, tlsCert, tlsKey string) error {
+	cfg, err := hostconf.Load(configPath)
+	if err != nil {
+		return err
+	}
+	if cfg.AccountID == "" {
+		return fmt.Errorf("host config %s has no account id; run hangar-firstboot", configPath)
+	}
+	// No credentials, no API: the gateway never invents a key.
+	keys, err := creds.Load(credsPath)
+	if err != nil {
+		return fmt.Errorf("refusing to serve without valid credentials: %w", err)
+	}
+	store, err := store.Open(filepath.Join(stateDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	ec2svc := ec2.New(store, cfg, log.With("component", "ec2"))
+	if err := ec2svc.Init(ctx); err != nil {
+		return fmt.Errorf("initialising EC2 records: %w", err)
+	}
+	keyStore := &reloadableKeys{}
+	keyStore.set(keys)
+	srv := server.New(server.Config{AccountID: cfg.AccountID, Region: cfg.Region, Keys: keyStore, Log: log.With("component", "api")})
+	srv.RegisterQuery("ec2", awsmodel.MustLoad("ec2"), ec2svc, ec2svc.Idempotency)
+	srv.RegisterQuery("sts", awsmodel.MustLoad("sts"), sts.Service{})
+
+	if listen == "" {
+		listen = cfg.APIListen
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", listen, err)
+	}
+	scheme := "http"
+	if cfg.APITLS {
+		cert, err := tls.LoadX509KeyPair(tlsCert, tlsKey)
+		if err != nil {
+			return fmt.Errorf("API_TLS=yes but the certificate cannot be loaded: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		scheme = "https"
+	}
+	endpoint := scheme + "://" + ln.Addr().String()
+	httpSrv := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+
+	conn, err := busutil.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	bus := newBusObject(busutil.NewServer(conn), store, srv, endpoint, log)
+	if err := bus.export(); err != nil {
+		return err
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	go bus.refresh(ctx)
+	go sdnotify.Watchdog(ctx, func() bool { return store.View(func(*storeTx) error { return nil }) == nil })
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			k, err := creds.Load(credsPath)
+			if err != nil {
+				log.Error("reloading credentials; keeping the old ones", "err", err)
+				continue
+			}
+			keyStore.set(k)
+			log.Info("reloaded credentials", "keys", len(k))
+		}
+	}()
+
+	status := fmt.Sprintf("serving %s, region %s", endpoint, cfg.Region)
+	sdnotify.Ready(status)
+	log.Info("ready", "endpoint", endpoint, "region", cfg.Region, "zone", cfg.AvailabilityZone, "account", cfg.AccountID)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving the API: %w", err)
+		}
+	}
+	sdnotify.Stopping()
+	log.Info("stopping")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return httpSrv.Shutdown(shutdownCtx)
+}

@@ -1,0 +1,428 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"hangar.dev/hangar/services/internal/creds"
+	"hangar.dev/hangar/services/internal/hostconf"
+)
+
+// devService is how `hangar dev` starts one service.
+type devService struct {
+	name   string // short name: state and runtime dirs are named after it
+	binary string
+	// args returns the service's flags in the dev layout.
+	args func(e *devEnv) []string
+	// root services need privileges (netns, nftables); without them dev
+	// stops with an error naming the service.
+	root bool
+}
+
+// devServices are started in this order (the gateway last, as it calls the
+// others) and stopped in reverse. A service whose binary is missing from
+// the bin directory is skipped with a line saying so.
+var devServices = []devService{
+	{name: "gateway", binary: "hangar-gateway", args: func(e *devEnv) []string {
+		return []string{"--config", e.hostJSON, "--credentials", e.credentials, "--state-dir", e.stateDir("gateway"), "--listen", e.listen}
+	}},
+}
+
+type devEnv struct {
+	dir         string
+	runDir      string
+	binDir      string
+	listen      string
+	hostJSON    string
+	credentials string
+	busAddress  string
+}
+
+func (e *devEnv) stateDir(svc string) string   { return filepath.Join(e.dir, svc) }
+func (e *devEnv) runtimeDir(svc string) string { return filepath.Join(e.runDir, svc) }
+
+// devHostConf is written to DIR/host.conf on the first run. It is an
+// ordinary host.conf: edit it and restart `hangar dev` to change the host.
+const devHostConf = `# host.conf for 'hangar dev' (see docs/host.conf.md). Edit and restart.
+ACCOUNT_ID=%s
+REGION=us-east-1
+# A development machine rarely has KVM for nested guests: allow TCG.
+ALLOW_SOFTWARE_EMULATION=yes
+# Keep nothing back and overcommit vCPUs, so a 2-core machine can run a
+# 2-vCPU t3.nano; memory is never overcommitted.
+HOST_RESERVE_VCPU=0
+HOST_RESERVE_MEMORY_MB=0
+CPU_OVERCOMMIT=8
+STARTER_AMI=no
+`
+
+func randomAccount() string {
+	n, err := rand.Int(rand.Reader, big.NewInt(9e11))
+	if err != nil {
+		panic(err)
+	}
+	return fmt.Sprintf("%012d", n.Int64()+1e11)
+}
+
+func cmdDev(args []string) error {
+	fs := flag.NewFlagSet("dev", flag.ExitOnError)
+	dir := fs.String("state-dir", "", "directory for the host's state, config and credentials (required)")
+	listen := fs.String("listen", "127.0.0.1:4566", "address:port for the API")
+	binDir := fs.String("bin-dir", "", "directory holding the hangar-* binaries (default: next to this one)")
+	_ = fs.Parse(args)
+	if *dir == "" {
+		return fmt.Errorf("--state-dir is required")
+	}
+	// Children get SIGTERM when this thread dies (Pdeathsig), so the thread
+	// that starts them must be the one that lives as long as we do.
+	runtime.LockOSThread()
+
+	abs, err := filepath.Abs(*dir)
+	if err != nil {
+		return err
+	}
+	e := &devEnv{dir: abs, listen: *listen, binDir: *binDir}
+	if e.binDir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		e.binDir = filepath.Dir(self)
+	}
+	if err := e.prepare(); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	sup := &supervisor{exited: make(chan string, len(devServices)+1)}
+	defer sup.stopAll()
+
+	bus, err := sup.startBus(ctx, e)
+	if err != nil {
+		return err
+	}
+	e.busAddress = bus
+	for _, svc := range devServices {
+		bin := filepath.Join(e.binDir, svc.binary)
+		if _, err := os.Stat(bin); err != nil {
+			fmt.Fprintf(os.Stderr, "hangar dev: %s not built (%s missing); skipping it\n", svc.binary, bin)
+			continue
+		}
+		if svc.root && os.Geteuid() != 0 {
+			return fmt.Errorf("%s needs root (network namespaces, nftables); run hangar dev as root", svc.binary)
+		}
+		if err := sup.startService(ctx, e, svc, bin); err != nil {
+			return err
+		}
+	}
+	endpoint := "http://" + e.listen
+	if err := waitAPI(ctx, endpoint, sup.exited); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "hangar dev: credentials in %s, config in %s; try:\n  AWS_SHARED_CREDENTIALS_FILE=%s AWS_CONFIG_FILE=%s aws --endpoint-url %s sts get-caller-identity\n",
+		e.credentials, filepath.Join(e.dir, "config"), e.credentials, filepath.Join(e.dir, "config"), endpoint)
+	fmt.Printf("ready %s\n", endpoint)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case name := <-sup.exited:
+		return fmt.Errorf("%s exited; stopping the host", name)
+	}
+}
+
+// prepare writes the host.conf (first run), the validated host config, the
+// credentials and the aws CLI config.
+func (e *devEnv) prepare() error {
+	e.runDir = filepath.Join(e.dir, "run")
+	for _, d := range []string{e.dir, e.runDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	confPath := filepath.Join(e.dir, "host.conf")
+	if _, err := os.Stat(confPath); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(confPath, []byte(fmt.Sprintf(devHostConf, randomAccount())), 0o644); err != nil {
+			return err
+		}
+	}
+	f, err := os.Open(confPath)
+	if err != nil {
+		return err
+	}
+	cfg, rep := hostconf.Parse(f, hostconf.Machine{CPUs: runtime.NumCPU()})
+	f.Close()
+	for _, p := range rep.Problems {
+		fmt.Fprintf(os.Stderr, "hangar dev: %s: %s\n", confPath, p)
+	}
+	if !rep.OK() {
+		return fmt.Errorf("%s is invalid; fix the lines above", confPath)
+	}
+	if cfg.AccountID == "" {
+		return fmt.Errorf("%s: set ACCOUNT_ID", confPath)
+	}
+	cfg.APIListen = e.listen
+	e.hostJSON = filepath.Join(e.runDir, "host.json")
+	if err := hostconf.Save(e.hostJSON, cfg); err != nil {
+		return err
+	}
+	readiness := hostconf.Readiness{Ready: true}
+	for _, p := range rep.Problems {
+		readiness.Reasons = append(readiness.Reasons, hostconf.Reason{Code: hostconf.ReasonConfigInvalid, Message: p.String()})
+	}
+	if err := hostconf.SaveReadiness(filepath.Join(e.runDir, "readiness.json"), readiness); err != nil {
+		return err
+	}
+
+	e.credentials = filepath.Join(e.dir, "credentials")
+	if _, err := os.Stat(e.credentials); errors.Is(err, os.ErrNotExist) {
+		k := creds.Generate("default")
+		if cfg.AdminAccessKeyID != "" {
+			k.AccessKeyID, k.SecretAccessKey = cfg.AdminAccessKeyID, cfg.AdminSecretAccessKey
+		}
+		if err := creds.Write(e.credentials, []creds.Key{k}); err != nil {
+			return err
+		}
+	}
+	awsConfig := fmt.Sprintf("[default]\nregion = %s\noutput = json\n", cfg.Region)
+	return os.WriteFile(filepath.Join(e.dir, "config"), []byte(awsConfig), 0o644)
+}
+
+const devBusConfig = `<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- The private system bus of 'hangar dev'. Unlike the image's policy
+     (units/dev.hangar.conf) it lets the developer's user own and call
+     everything: it is reachable only through its socket in the state dir. -->
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=%s</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus"/>
+  </policy>
+</busconfig>
+`
+
+type supervisor struct {
+	mu     sync.Mutex
+	procs  []*exec.Cmd
+	names  []string
+	exited chan string
+	done   sync.WaitGroup
+}
+
+func (s *supervisor) start(name string, cmd *exec.Cmd, watch bool) error {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.procs = append(s.procs, cmd)
+	s.names = append(s.names, name)
+	s.mu.Unlock()
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		err := cmd.Wait()
+		if watch {
+			fmt.Fprintf(os.Stderr, "hangar dev: %s exited: %v\n", name, err)
+			s.exited <- name
+		}
+	}()
+	return nil
+}
+
+// stopAll sends SIGTERM to everything started, newest first, and waits;
+// whatever is still there after ten seconds is killed.
+func (s *supervisor) stopAll() {
+	s.mu.Lock()
+	procs := append([]*exec.Cmd(nil), s.procs...)
+	s.mu.Unlock()
+	for i := len(procs) - 1; i >= 0; i-- {
+		if p := procs[i].Process; p != nil {
+			_ = p.Signal(syscall.SIGTERM)
+		}
+		waitExit(procs[i], 10*time.Second)
+	}
+	s.done.Wait()
+}
+
+func waitExit(cmd *exec.Cmd, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cmd.ProcessState != nil || cmd.Process.Signal(syscall.Signal(0)) != nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+}
+
+func (s *supervisor) startBus(ctx context.Context, e *devEnv) (string, error) {
+	sock := filepath.Join(e.runDir, "bus.sock")
+	if len(sock) > 100 {
+		// sun_path holds 108 bytes; fall back to a short private directory.
+		d, err := os.MkdirTemp("", "hangar-bus-")
+		if err != nil {
+			return "", err
+		}
+		sock = filepath.Join(d, "bus.sock")
+	}
+	_ = os.Remove(sock)
+	conf := filepath.Join(e.runDir, "bus.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(devBusConfig, sock)), 0o644); err != nil {
+		return "", err
+	}
+	bin, err := exec.LookPath("dbus-daemon")
+	if err != nil {
+		return "", fmt.Errorf("dbus-daemon not found (apt-get install dbus-daemon): %w", err)
+	}
+	cmd := exec.Command(bin, "--config-file="+conf, "--nofork", "--nopidfile")
+	cmd.Stderr = os.Stderr
+	if err := s.start("dbus-daemon", cmd, true); err != nil {
+		return "", err
+	}
+	if err := waitFor(ctx, 10*time.Second, "the private D-Bus daemon to listen", func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}); err != nil {
+		return "", err
+	}
+	return "unix:path=" + sock, nil
+}
+
+// startService runs one service with its own NOTIFY_SOCKET, and waits for
+// its READY=1, exactly as systemd would for a Type=notify unit.
+func (s *supervisor) startService(ctx context.Context, e *devEnv, svc devService, bin string) error {
+	notifyPath := filepath.Join(e.runDir, "notify-"+svc.name+".sock")
+	if len(notifyPath) > 100 {
+		d, err := os.MkdirTemp("", "hangar-notify-")
+		if err != nil {
+			return err
+		}
+		notifyPath = filepath.Join(d, "notify.sock")
+	}
+	_ = os.Remove(notifyPath)
+	nconn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
+	if err != nil {
+		return fmt.Errorf("notify socket for %s: %w", svc.name, err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		defer nconn.Close()
+		buf := make([]byte, 4096)
+		once := sync.Once{}
+		for {
+			n, _, err := nconn.ReadFromUnix(buf)
+			if err != nil {
+				return
+			}
+			for _, line := range strings.Split(string(buf[:n]), "\n") {
+				switch {
+				case line == "READY=1":
+					once.Do(func() { close(ready) })
+				case strings.HasPrefix(line, "STATUS="):
+					fmt.Fprintf(os.Stderr, "hangar dev: %s: %s\n", svc.binary, strings.TrimPrefix(line, "STATUS="))
+				}
+			}
+		}
+	}()
+	for _, d := range []string{e.stateDir(svc.name), e.runtimeDir(svc.name)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	cmd := exec.Command(bin, svc.args(e)...)
+	cmd.Env = append(os.Environ(),
+		"DBUS_SYSTEM_BUS_ADDRESS="+e.busAddress,
+		"NOTIFY_SOCKET="+notifyPath,
+		"HANGAR_DEV=1",
+	)
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = os.Stderr
+	if err := s.start(svc.binary, cmd, true); err != nil {
+		return err
+	}
+	select {
+	case <-ready:
+		return nil
+	case name := <-s.exited:
+		return fmt.Errorf("%s exited before it was ready", name)
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("%s did not report READY=1 within 60s", svc.binary)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func waitFor(ctx context.Context, d time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", d, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// waitAPI waits until the endpoint answers HTTP at all (an unsigned request
+// gets AWS's MissingAuthenticationToken, which is an answer).
+func waitAPI(ctx context.Context, endpoint string, exited <-chan string) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get(endpoint + "/")
+		if err == nil {
+			_, _ = bufio.NewReader(resp.Body).Peek(1)
+			resp.Body.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the API at %s did not answer within 30s: %w", endpoint, err)
+		}
+		select {
+		case name := <-exited:
+			return fmt.Errorf("%s exited before the API answered", name)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -86,20 +86,20 @@ const ComputeInstanceInterface = "dev.hangar.Compute1.Instance"
 
 // Properties of a per-instance object.
 const (
-	PropInstanceID     = "InstanceId"
-	PropInstanceType   = "InstanceType"
-	PropInstanceState  = "State"
-	PropStateReason    = "StateReason"
-	PropInstanceVCPUs          = "VCPUs"
-	PropInstanceMemoryMiB      = "MemoryMiB"
-	PropInstanceTaps           = "Taps"
-	PropInstanceVolumes        = "Volumes"
-	PropInstanceQMPSocket      = "QMPSocket"
-	PropInstanceUnit           = "Unit"
-	PropInstanceAccelerator    = "Accelerator"
-	PropInstancePID            = "PID"
-	PropInstanceSystemStatus   = "SystemStatus"
-	PropInstanceStatus = "InstanceStatus"
+	PropInstanceID           = "InstanceId"
+	PropInstanceType         = "InstanceType"
+	PropInstanceState        = "State"
+	PropStateReason          = "StateReason"
+	PropInstanceVCPUs        = "VCPUs"
+	PropInstanceMemoryMiB    = "MemoryMiB"
+	PropInstanceTaps         = "Taps"
+	PropInstanceVolumes      = "Volumes"
+	PropInstanceQMPSocket    = "QMPSocket"
+	PropInstanceUnit         = "Unit"
+	PropInstanceAccelerator  = "Accelerator"
+	PropInstancePID          = "PID"
+	PropInstanceSystemStatus = "SystemStatus"
+	PropInstanceStatus       = "InstanceStatus"
 )
 
 // Instance states, as EC2 names them.
@@ -171,7 +171,7 @@ type InstanceSpec struct {
 	// set (a disk-less guest, used by tests and development).
 	RootVolume InstanceDisk
 	Volumes    []InstanceDisk // further disks, in attach order
-	NICs       []InstanceNIC    // device index order: NICs[0] is eth0
+	NICs       []InstanceNIC  // device index order: NICs[0] is eth0
 	// SMBIOS overrides; empty fields are derived from ID and InstanceType
 	// so that cloud-init's EC2 detection matches (see docs/vmd.md).
 	SMBIOS InstanceSMBIOS

@@ -5,8 +5,8 @@ package api
 // these methods with the ids it chose, so every call is idempotent by id.
 //
 // Block payloads never ride the bus. PutBlock takes a file descriptor (type
-// h) holding the block; GetBlock returns one (an O_RDONLY descriptor of the
-// immutable content-addressed block file). Volume data moves over NBD on the
+// h, a sealed memfd) holding the block; GetBlock takes a memfd from the
+// caller and writes the block into it. Volume data moves over NBD on the
 // unix socket each volume's ExportSocket property names.
 
 import (
@@ -36,7 +36,7 @@ const (
 	MethodStartSnapshot     = "StartSnapshot"     // (StartSnapshotArgs) → SnapshotInfo
 	MethodPutBlock          = "PutBlock"          // (snapID s, index t, length u, checksumB64 s, data h)
 	MethodCompleteSnapshot  = "CompleteSnapshot"  // (CompleteSnapshotArgs) → SnapshotInfo
-	MethodGetBlock          = "GetBlock"          // (snapID s, index t, token s) → (data h, length u, checksumB64 s)
+	MethodGetBlock          = "GetBlock"          // (snapID s, index t, token s, dest h) → (length u, checksumB64 s)
 	MethodListBlocks        = "ListBlocks"        // (snapID s, startIndex t, max u) → BlockPage
 	MethodListChangedBlocks = "ListChangedBlocks" // (firstSnapID s, secondSnapID s, startIndex t, max u) → ChangedBlockPage
 )
@@ -275,18 +275,21 @@ func (c *StorageClient) PutBlock(ctx context.Context, snapID string, index uint6
 }
 
 // GetBlock returns the bytes of block index of a completed snapshot and their
-// base64 SHA-256.
+// base64 SHA-256. ebsd writes the bytes into a memfd the caller passes.
 func (c *StorageClient) GetBlock(ctx context.Context, snapID string, index uint64, token string) ([]byte, string, error) {
-	var (
-		fd       dbus.UnixFD
-		length   uint32
-		checksum string
-	)
-	if err := c.call(ctx, MethodGetBlock, []any{&fd, &length, &checksum}, snapID, index, token); err != nil {
-		return nil, "", err
+	fd, err := unix.MemfdCreate("hangar-block", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, "", fmt.Errorf("creating a memfd for block %d: %w", index, err)
 	}
 	f := os.NewFile(uintptr(fd), "hangar-block")
 	defer f.Close()
+	var (
+		length   uint32
+		checksum string
+	)
+	if err := c.call(ctx, MethodGetBlock, []any{&length, &checksum}, snapID, index, token, dbus.UnixFD(f.Fd())); err != nil {
+		return nil, "", err
+	}
 	buf := make([]byte, length)
 	if _, err := f.ReadAt(buf, 0); err != nil && err != io.EOF {
 		return nil, "", fmt.Errorf("reading block %d of %s: %w", index, snapID, err)

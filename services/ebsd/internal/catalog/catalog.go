@@ -329,7 +329,7 @@ func Blocks(tx Tx, snap string, start uint64, max int) (out []Entry, next uint64
 
 // Changed is one block that differs between two snapshots.
 type Changed struct {
-	Index        uint64
+	Index         uint64
 	First, Second string // "" where the block is zero
 }
 

@@ -1,0 +1,501 @@
+// Package nbd serves block devices over the NBD protocol (fixed newstyle
+// negotiation, NBD_OPT_GO/INFO/LIST/ABORT and EXPORT_NAME, simple
+// replies; READ, WRITE, FLUSH, TRIM, WRITE_ZEROES with FUA), one unix
+// socket per export, as QEMU, qemu-img and qemu-io connect to it.
+//
+// Several connections may read an export; only one at a time may change
+// it: the first connection that writes becomes the export's writer until it
+// disconnects, and writes from any other get EPERM. A write is applied only
+// once its whole payload has arrived, so a client that disconnects
+// mid-request changes nothing. FLUSH and FUA are answered only after the
+// export's Flush returned.
+package nbd
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// Device is what an export serves.
+type Device interface {
+	Size() uint64
+	ReadAt(p []byte, off uint64) error
+	WriteAt(p []byte, off uint64) error
+	Zero(off, n uint64) error
+	Flush() error
+}
+
+// Protocol constants (NetworkBlockDevice/nbd doc/proto.md).
+const (
+	nbdMagic        = 0x4e42444d41474943 // NBDMAGIC
+	optMagic        = 0x49484156454f5054 // IHAVEOPT
+	optReplyMagic   = 0x3e889045565a9
+	requestMagic    = 0x25609513
+	simpleReplyMagc = 0x67446698
+
+	flagFixedNewstyle = 1 << 0
+	flagNoZeroes      = 1 << 1
+
+	optExportName = 1
+	optAbort      = 2
+	optList       = 3
+	optInfo       = 6
+	optGo         = 7
+
+	repAck        = 1
+	repServer     = 2
+	repInfo       = 3
+	repErrUnsup   = 1<<31 + 1
+	repErrUnknown = 1<<31 + 6
+	repErrInvalid = 1<<31 + 3
+
+	infoExport    = 0
+	infoBlockSize = 3
+
+	tflagHasFlags     = 1 << 0
+	tflagSendFlush    = 1 << 2
+	tflagSendFUA      = 1 << 3
+	tflagSendTrim     = 1 << 5
+	tflagWriteZeroes  = 1 << 6
+	tflagSendFastZero = 1 << 11
+
+	cmdRead        = 0
+	cmdWrite       = 1
+	cmdDisc        = 2
+	cmdFlush       = 3
+	cmdTrim        = 4
+	cmdWriteZeroes = 6
+
+	cmdFlagFUA = 1 << 0
+
+	errPerm     = 1
+	errIO       = 5
+	errInval    = 22
+	errNoSpc    = 28
+	errNotSup   = 95
+	errShutdown = 108
+
+	// MaxPayload is the largest READ or WRITE accepted (QEMU's own limit).
+	MaxPayload = 32 << 20
+)
+
+// Export is one device on its socket.
+type Export struct {
+	name   string
+	dev    Device
+	ln     net.Listener
+	path   string
+	log    *slog.Logger
+	mu     sync.Mutex
+	conns  map[*conn]bool
+	writer *conn
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen serves dev as export name on a unix socket at path, replacing a
+// stale socket a previous run left.
+func Listen(path, name string, dev Device, log *slog.Logger) (*Export, error) {
+	if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	e := &Export{name: name, dev: dev, ln: ln, path: path, log: log, conns: map[*conn]bool{}}
+	e.wg.Add(1)
+	go e.accept()
+	return e, nil
+}
+
+// Path returns the socket path.
+func (e *Export) Path() string { return e.path }
+
+// HasWriter reports whether a connection has written to the export and is
+// still connected.
+func (e *Export) HasWriter() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.writer != nil
+}
+
+// Connections returns the number of open connections.
+func (e *Export) Connections() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.conns)
+}
+
+// Close stops listening, drops every connection and removes the socket.
+func (e *Export) Close() {
+	e.mu.Lock()
+	e.closed = true
+	for c := range e.conns {
+		_ = c.nc.Close()
+	}
+	e.mu.Unlock()
+	_ = e.ln.Close()
+	e.wg.Wait()
+	_ = os.Remove(e.path)
+}
+
+func (e *Export) accept() {
+	defer e.wg.Done()
+	for {
+		nc, err := e.ln.Accept()
+		if err != nil {
+			return
+		}
+		c := &conn{e: e, nc: nc, r: bufio.NewReaderSize(nc, 256<<10)}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		e.conns[c] = true
+		e.mu.Unlock()
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			err := c.serve()
+			if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				e.log.Info("nbd connection ended", "export", e.name, "err", err)
+			}
+			_ = nc.Close()
+			e.mu.Lock()
+			delete(e.conns, c)
+			if e.writer == c {
+				e.writer = nil
+			}
+			e.mu.Unlock()
+		}()
+	}
+}
+
+// claimWrite makes c the writer if there is none.
+func (e *Export) claimWrite(c *conn) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.writer == nil {
+		e.writer = c
+	}
+	return e.writer == c
+}
+
+type conn struct {
+	e  *Export
+	nc net.Conn
+	r  *bufio.Reader
+	wm sync.Mutex // serialises replies
+	wg sync.WaitGroup
+}
+
+func (c *conn) serve() error {
+	var hello [18]byte
+	binary.BigEndian.PutUint64(hello[0:], nbdMagic)
+	binary.BigEndian.PutUint64(hello[8:], optMagic)
+	binary.BigEndian.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.nc.Write(hello[:]); err != nil {
+		return err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c.r, cf[:]); err != nil {
+		return err
+	}
+	clientFlags := binary.BigEndian.Uint32(cf[:])
+	if clientFlags&flagFixedNewstyle == 0 {
+		return errors.New("client does not speak fixed newstyle")
+	}
+	noZeroes := clientFlags&flagNoZeroes != 0
+	ok, err := c.negotiate(noZeroes)
+	if err != nil || !ok {
+		return err
+	}
+	return c.transmit()
+}
+
+func (c *conn) optReply(opt, typ uint32, data []byte) error {
+	b := make([]byte, 20+len(data))
+	binary.BigEndian.PutUint64(b[0:], optReplyMagic)
+	binary.BigEndian.PutUint32(b[8:], opt)
+	binary.BigEndian.PutUint32(b[12:], typ)
+	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))
+	copy(b[20:], data)
+	_, err := c.nc.Write(b)
+	return err
+}
+
+func (c *conn) flags() uint16 {
+	return tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagWriteZeroes | tflagSendFastZero
+}
+
+func (c *conn) known(name string) bool { return name == "" || name == c.e.name }
+
+// negotiate runs option haggling; true means enter transmission.
+func (c *conn) negotiate(noZeroes bool) (bool, error) {
+	for {
+		var h [16]byte
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			return false, err
+		}
+		if binary.BigEndian.Uint64(h[0:]) != optMagic {
+			return false, errors.New("bad option magic")
+		}
+		opt := binary.BigEndian.Uint32(h[8:])
+		n := binary.BigEndian.Uint32(h[12:])
+		if n > 64<<10 {
+			return false, fmt.Errorf("option %d of %d bytes is too long", opt, n)
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(c.r, data); err != nil {
+			return false, err
+		}
+		switch opt {
+		case optExportName:
+			if !c.known(string(data)) {
+				return false, fmt.Errorf("unknown export %q", data)
+			}
+			b := make([]byte, 10, 134)
+			binary.BigEndian.PutUint64(b[0:], c.e.dev.Size())
+			binary.BigEndian.PutUint16(b[8:], c.flags())
+			if !noZeroes {
+				b = b[:134]
+			}
+			_, err := c.nc.Write(b)
+			return err == nil, err
+		case optAbort:
+			_ = c.optReply(opt, repAck, nil)
+			return false, nil
+		case optList:
+			if n != 0 {
+				if err := c.optReply(opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data")); err != nil {
+					return false, err
+				}
+				continue
+			}
+			b := make([]byte, 4+len(c.e.name))
+			binary.BigEndian.PutUint32(b, uint32(len(c.e.name)))
+			copy(b[4:], c.e.name)
+			if err := c.optReply(opt, repServer, b); err != nil {
+				return false, err
+			}
+			if err := c.optReply(opt, repAck, nil); err != nil {
+				return false, err
+			}
+		case optInfo, optGo:
+			if n < 6 {
+				if err := c.optReply(opt, repErrInvalid, []byte("short request")); err != nil {
+					return false, err
+				}
+				continue
+			}
+			nl := binary.BigEndian.Uint32(data)
+			if uint64(nl)+6 > uint64(n) {
+				if err := c.optReply(opt, repErrInvalid, []byte("bad name length")); err != nil {
+					return false, err
+				}
+				continue
+			}
+			name := string(data[4 : 4+nl])
+			if !c.known(name) {
+				if err := c.optReply(opt, repErrUnknown, []byte("no such export: "+name)); err != nil {
+					return false, err
+				}
+				continue
+			}
+			info := make([]byte, 12)
+			binary.BigEndian.PutUint16(info[0:], infoExport)
+			binary.BigEndian.PutUint64(info[2:], c.e.dev.Size())
+			binary.BigEndian.PutUint16(info[10:], c.flags())
+			if err := c.optReply(opt, repInfo, info); err != nil {
+				return false, err
+			}
+			bs := make([]byte, 14)
+			binary.BigEndian.PutUint16(bs[0:], infoBlockSize)
+			binary.BigEndian.PutUint32(bs[2:], 1)
+			binary.BigEndian.PutUint32(bs[6:], 4096)
+			binary.BigEndian.PutUint32(bs[10:], MaxPayload)
+			if err := c.optReply(opt, repInfo, bs); err != nil {
+				return false, err
+			}
+			if err := c.optReply(opt, repAck, nil); err != nil {
+				return false, err
+			}
+			if opt == optGo {
+				return true, nil
+			}
+		default:
+			if err := c.optReply(opt, repErrUnsup, nil); err != nil {
+				return false, err
+			}
+		}
+	}
+}
+
+type request struct {
+	flags  uint16
+	typ    uint16
+	handle uint64
+	off    uint64
+	length uint32
+	data   []byte
+}
+
+// maxInFlight bounds the requests one connection runs at once.
+const maxInFlight = 32
+
+func (c *conn) transmit() error {
+	sem := make(chan struct{}, maxInFlight)
+	defer c.wg.Wait()
+	var h [28]byte
+	for {
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			return err
+		}
+		if binary.BigEndian.Uint32(h[0:]) != requestMagic {
+			return errors.New("bad request magic")
+		}
+		rq := &request{
+			flags:  binary.BigEndian.Uint16(h[4:]),
+			typ:    binary.BigEndian.Uint16(h[6:]),
+			handle: binary.BigEndian.Uint64(h[8:]),
+			off:    binary.BigEndian.Uint64(h[16:]),
+			length: binary.BigEndian.Uint32(h[24:]),
+		}
+		switch rq.typ {
+		case cmdDisc:
+			c.wg.Wait()
+			_ = c.e.dev.Flush()
+			return nil
+		case cmdWrite:
+			if rq.length > MaxPayload {
+				// The payload cannot be skipped safely: end the connection.
+				return fmt.Errorf("write of %d bytes exceeds %d", rq.length, MaxPayload)
+			}
+			rq.data = getPayload(int(rq.length))
+			if _, err := io.ReadFull(c.r, rq.data); err != nil {
+				putPayload(rq.data)
+				return fmt.Errorf("client went away in the middle of a %d-byte write: %w", rq.length, err)
+			}
+		}
+		sem <- struct{}{}
+		c.wg.Add(1)
+		go func() {
+			defer func() { <-sem; c.wg.Done() }()
+			c.handle(rq)
+		}()
+	}
+}
+
+var payloadPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
+
+func getPayload(n int) []byte {
+	if n > 1<<20 {
+		return make([]byte, n)
+	}
+	bp := payloadPool.Get().(*[]byte)
+	return (*bp)[:n]
+}
+
+func putPayload(b []byte) {
+	if cap(b) == 1<<20 {
+		b = b[:0]
+		payloadPool.Put(&b)
+	}
+}
+
+func errnoOf(err error) uint32 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return errNoSpc
+	case errors.Is(err, syscall.EPERM):
+		return errPerm
+	default:
+		return errIO
+	}
+}
+
+func (c *conn) handle(rq *request) {
+	var (
+		errno uint32
+		data  []byte
+		err   error
+	)
+	dev := c.e.dev
+	fua := rq.flags&cmdFlagFUA != 0
+	if rq.typ != cmdFlush && rq.off+uint64(rq.length) > dev.Size() || rq.off+uint64(rq.length) < rq.off {
+		// Past the end: EINVAL for reads, ENOSPC for writes, as the
+		// protocol asks; the payload of a write was already read.
+		errno = errInval
+		if rq.typ != cmdRead {
+			errno = errNoSpc
+			putPayload(rq.data)
+		}
+		c.e.log.Warn("nbd request past the end", "export", c.e.name, "cmd", rq.typ, "offset", rq.off, "length", rq.length, "size", dev.Size())
+		c.reply(rq, errno, nil)
+		return
+	}
+	switch rq.typ {
+	case cmdRead:
+		if rq.length > MaxPayload {
+			errno = errInval
+			break
+		}
+		data = getPayload(int(rq.length))
+		defer putPayload(data) // after the reply below is written
+		err = dev.ReadAt(data, rq.off)
+		errno = errnoOf(err)
+	case cmdWrite, cmdTrim, cmdWriteZeroes:
+		if !c.e.claimWrite(c) {
+			errno = errPerm
+			err = errors.New("another connection is this export's writer")
+			break
+		}
+		if rq.typ == cmdWrite {
+			err = dev.WriteAt(rq.data, rq.off)
+			putPayload(rq.data)
+		} else {
+			err = dev.Zero(rq.off, uint64(rq.length))
+		}
+		if err == nil && fua {
+			err = dev.Flush()
+		}
+		errno = errnoOf(err)
+	case cmdFlush:
+		err = dev.Flush()
+		errno = errnoOf(err)
+	default:
+		errno = errInval
+		err = fmt.Errorf("unsupported command %d", rq.typ)
+	}
+	if err != nil {
+		c.e.log.Warn("nbd request failed", "export", c.e.name, "cmd", rq.typ, "offset", rq.off, "length", rq.length, "errno", errno, "err", err)
+	}
+	c.reply(rq, errno, data)
+}
+
+func (c *conn) reply(rq *request, errno uint32, data []byte) {
+	var hdr [16]byte
+	binary.BigEndian.PutUint32(hdr[0:], simpleReplyMagc)
+	binary.BigEndian.PutUint32(hdr[4:], errno)
+	binary.BigEndian.PutUint64(hdr[8:], rq.handle)
+	c.wm.Lock()
+	defer c.wm.Unlock()
+	bufs := net.Buffers{hdr[:]}
+	if rq.typ == cmdRead && errno == 0 {
+		bufs = append(bufs, data)
+	}
+	_, _ = bufs.WriteTo(c.nc)
+}

@@ -12,6 +12,7 @@ package hostconf
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -64,25 +65,39 @@ type Problem struct {
 	Key      string   `json:"key,omitempty"`
 	Line     int      `json:"line,omitempty"`
 	Message  string   `json:"message"`
+	// File names the file when it is not host.conf itself (the shipped
+	// defaults file).
+	File string `json:"file,omitempty"`
 }
 
-func (p Problem) String() string {
-	var b strings.Builder
+// Code is the readiness reason code the problem is reported under.
+func (p Problem) Code() string {
 	if p.Severity == Error {
-		b.WriteString("ConfigInvalid: ")
-	} else {
-		b.WriteString("ConfigWarning: ")
+		return ReasonConfigInvalid
 	}
+	return ReasonConfigWarning
+}
+
+// Text is the problem without its code: the key, what is wrong, where.
+func (p Problem) Text() string {
+	var b strings.Builder
 	if p.Key != "" {
 		b.WriteString(p.Key)
 		b.WriteString(" ")
 	}
 	b.WriteString(p.Message)
-	if p.Line > 0 {
+	switch {
+	case p.Line > 0 && p.File != "":
+		fmt.Fprintf(&b, " (%s line %d)", p.File, p.Line)
+	case p.Line > 0:
 		fmt.Fprintf(&b, " (line %d)", p.Line)
+	case p.File != "":
+		fmt.Fprintf(&b, " (%s)", p.File)
 	}
 	return b.String()
 }
+
+func (p Problem) String() string { return p.Code() + ": " + p.Text() }
 
 // Report is what Parse found wrong, in file order.
 type Report struct {
@@ -120,6 +135,9 @@ type Entry struct {
 	Line       int
 }
 
+// maxFileSize bounds what ReadEntries reads: a host.conf is a few dozen lines.
+const maxFileSize = 1 << 20
+
 var keyPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 
 // ReadEntries splits a host.conf into entries, reporting lines that are not
@@ -127,20 +145,27 @@ var keyPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 // ends. It does not know which keys exist.
 func ReadEntries(r io.Reader, rep *Report) []Entry {
 	var (
-		out   []Entry
-		seen  = map[string]int{}
-		crlf  bool
-		lines = bufio.NewScanner(r)
-		n     int
+		out  []Entry
+		seen = map[string]int{}
+		n    int
 	)
-	lines.Buffer(make([]byte, 64*1024), 1024*1024)
+	// bufio's line splitting drops a "\r" before "\n" silently; read the
+	// whole (small) file first so CRLF line ends can be reported.
+	data, err := io.ReadAll(io.LimitReader(r, maxFileSize+1))
+	if err != nil {
+		rep.add(Error, "", 0, "reading the file: %v", err)
+		return nil
+	}
+	if len(data) > maxFileSize {
+		rep.add(Error, "", 0, "is larger than %d bytes; is it the right file?", maxFileSize)
+		return nil
+	}
+	crlf := bytes.Contains(data, []byte("\r\n"))
+	lines := bufio.NewScanner(bytes.NewReader(data))
+	lines.Buffer(make([]byte, 64*1024), maxFileSize)
 	for lines.Scan() {
 		n++
-		raw := lines.Text()
-		if strings.HasSuffix(raw, "\r") {
-			raw = strings.TrimSuffix(raw, "\r")
-			crlf = true
-		}
+		raw := strings.TrimSuffix(lines.Text(), "\r")
 		line := strings.TrimSpace(raw)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
@@ -375,6 +400,15 @@ func Defaults() Config {
 	return c
 }
 
+// KeyDefault returns a key's default as the defaults file writes it.
+func KeyDefault(name string) (string, bool) {
+	k, ok := Keys[name]
+	return k.def, ok
+}
+
+// KeyDoc returns a key's one-line description.
+func KeyDoc(name string) string { return Keys[name].doc }
+
 // KeyNames lists the known keys in order.
 func KeyNames() []string {
 	names := make([]string, 0, len(Keys))
@@ -455,10 +489,30 @@ func distance(a, b string) int {
 
 // Parse reads a host.conf over the defaults and checks the whole.
 func Parse(r io.Reader, m Machine) (Config, *Report) {
+	return ParseLayered(nil, "", r, m)
+}
+
+// ParseLayered reads the shipped defaults file (named defaultsName in the
+// report) and then host.conf over it, and checks the whole. A derived image
+// may change a default by shipping its own defaults file; what is wrong in
+// it is reported with the file's name. A nil defaults reader means the
+// built-in table alone.
+func ParseLayered(defaults io.Reader, defaultsName string, r io.Reader, m Machine) (Config, *Report) {
 	rep := &Report{}
 	c := Defaults()
 	c.AvailabilityZone = ""
-	entries := ReadEntries(r, rep)
+	if defaults != nil {
+		drep := &Report{}
+		Apply(&c, ReadEntries(defaults, drep), drep)
+		for _, p := range drep.Problems {
+			p.File = defaultsName
+			rep.Problems = append(rep.Problems, p)
+		}
+	}
+	var entries []Entry
+	if r != nil {
+		entries = ReadEntries(r, rep)
+	}
 	Apply(&c, entries, rep)
 	line := map[string]int{}
 	for _, e := range entries {

@@ -12,7 +12,10 @@ func TestParse(t *testing.T) {
 		in      string
 		m       Machine
 		wantErr []string // substrings of error report lines, in order
-		check   func(t *testing.T, c Config)
+		// wantWarn are substrings of warning lines, in order (checked
+		// when set).
+		wantWarn []string
+		check    func(t *testing.T, c Config)
 	}{
 		{
 			name: "empty file gives defaults",
@@ -60,6 +63,7 @@ func TestParse(t *testing.T) {
 					t.Errorf("region %q", c.Region)
 				}
 			},
+			wantWarn: []string{"has CRLF (Windows) line ends"},
 		},
 		{
 			name:    "bad value keeps the default",
@@ -81,6 +85,22 @@ func TestParse(t *testing.T) {
 			for i, want := range tc.wantErr {
 				if !strings.Contains(errs[i].String(), want) {
 					t.Errorf("error %d = %q, want it to contain %q", i, errs[i].String(), want)
+				}
+			}
+			if tc.wantWarn != nil {
+				var warns []Problem
+				for _, p := range rep.Problems {
+					if p.Severity == Warning {
+						warns = append(warns, p)
+					}
+				}
+				if len(warns) != len(tc.wantWarn) {
+					t.Fatalf("warnings %v, want %q", warns, tc.wantWarn)
+				}
+				for i, want := range tc.wantWarn {
+					if !strings.Contains(warns[i].String(), want) {
+						t.Errorf("warning %d = %q, want it to contain %q", i, warns[i].String(), want)
+					}
 				}
 			}
 			if tc.check != nil {

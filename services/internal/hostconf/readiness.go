@@ -15,6 +15,8 @@ const (
 	ReasonConfigInvalid         = "ConfigInvalid"
 	ReasonConfigMissing         = "ConfigMissing"
 	ReasonCredentialsMissing    = "CredentialsMissing"
+	ReasonConfigWarning         = "ConfigWarning"
+	ReasonTLSUnavailable        = "TLSUnavailable"
 )
 
 // Reason is one line of the readiness report: a prerequisite that is
@@ -32,6 +34,24 @@ func (r Reason) String() string { return r.Code + ": " + r.Message }
 type Readiness struct {
 	Ready   bool     `json:"ready"`
 	Reasons []Reason `json:"reasons"`
+}
+
+// Add appends a reason; a fatal one makes the host not ready.
+func (r *Readiness) Add(code string, fatal bool, format string, args ...any) {
+	r.Reasons = append(r.Reasons, Reason{Code: code, Message: fmt.Sprintf(format, args...), Fatal: fatal})
+	if fatal {
+		r.Ready = false
+	}
+}
+
+// Has reports whether a reason with the code is present.
+func (r Readiness) Has(code string) bool {
+	for _, x := range r.Reasons {
+		if x.Code == code {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultReadinessPath is where hangar-firstboot writes the report.

@@ -13,10 +13,11 @@ export PATH := $(PATH):/usr/local/go/bin
 # Binaries: name=package. Every service is hangar-<name>; the CLI is hangar.
 PROGRAMS := \
 	hangar=./services/hangarctl \
-	hangar-gateway=./services/gateway
+	hangar-gateway=./services/gateway \
+	hangar-ebsd=./services/ebsd
 
 # Debian packages the tests drive for real (aws CLI, D-Bus, QEMU, …).
-TEST_DEBS := awscli dbus-daemon dbus-bin
+TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils
 
 .PHONY: all build test vet unit fuzz bench run deps clean generate
 

@@ -39,6 +39,9 @@ type devService struct {
 // others) and stopped in reverse. A service whose binary is missing from
 // the bin directory is skipped with a line saying so.
 var devServices = []devService{
+	{name: "ebs", binary: "hangar-ebsd", args: func(e *devEnv) []string {
+		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("ebs"), "--runtime-dir", e.runtimeDir("ebs")}
+	}},
 	{name: "gateway", binary: "hangar-gateway", args: func(e *devEnv) []string {
 		return []string{"--config", e.hostJSON, "--credentials", e.credentials, "--state-dir", e.stateDir("gateway"), "--listen", e.listen}
 	}},

@@ -88,10 +88,17 @@ func (a *Auth) Scope() string {
 // ParseAuth reads the signature parameters of r from its Authorization
 // header or its presigned query.
 func ParseAuth(r *http.Request) (*Auth, error) {
+	q := r.URL.Query()
+	presigned := q.Has("X-Amz-Algorithm") || q.Has("X-Amz-Signature")
 	if h := r.Header.Get("Authorization"); h != "" {
+		// AWS refuses a request that carries both forms rather than
+		// guessing which one the client meant.
+		if presigned {
+			return nil, fail(Malformed, "Only one auth mechanism allowed; only the X-Amz-Algorithm query parameter, Signature query string parameter or the Authorization header should be specified")
+		}
 		return parseHeader(r, h)
 	}
-	if r.URL.Query().Get("X-Amz-Algorithm") != "" {
+	if presigned {
 		return parsePresigned(r)
 	}
 	return nil, fail(MissingAuth, "Request is missing Authentication Token")
@@ -152,6 +159,11 @@ func parsePresigned(r *http.Request) (*Auth, error) {
 		}
 	}
 	a := &Auth{Presigned: true, Signature: q.Get("X-Amz-Signature"), SessionToken: q.Get("X-Amz-Security-Token")}
+	if a.SessionToken == "" {
+		// A presigned request may carry its token as a signed header
+		// instead (the suite's post-sts-header-before, presigned).
+		a.SessionToken = r.Header.Get("X-Amz-Security-Token")
+	}
 	if err := a.setCredential(q.Get("X-Amz-Credential")); err != nil {
 		return nil, err
 	}
@@ -229,17 +241,40 @@ func Verify(r *http.Request, body []byte, auth *Auth, key Key, now time.Time) er
 		return fail(Malformed, "Signed headers must include 'host'")
 	}
 
+	sk := SigningKey(key.SecretAccessKey, auth.Date, auth.Region, auth.Service)
+	got := []byte(strings.ToLower(auth.Signature))
+	// AWS's own services normalise the path (dot segments, repeated
+	// slashes) before signing it, and so do botocore (the aws CLI) and the
+	// JavaScript and Java SDKs. aws-sdk-go-v2 signs the path exactly as it
+	// sends it. Both forms are tried, so a request verifies whichever SDK
+	// made it; both are computed from the bytes received, so accepting
+	// either lets no one alter a signed request.
+	for _, normalize := range []bool{true, false} {
+		if !normalize && normalizePath(wirePath(r)) == wirePath(r) {
+			break
+		}
+		creq, err := CanonicalRequestOf(r, body, auth, normalize)
+		if err != nil {
+			return err
+		}
+		want := hex.EncodeToString(hmacSHA256(sk, []byte(StringToSign(auth.Time, auth.Scope(), creq))))
+		if hmac.Equal([]byte(want), got) {
+			return nil
+		}
+	}
+	return fail(BadSignature, "The request signature we calculated does not match the signature you provided. Check your AWS Secret Access Key and signing method. Consult the service documentation for details.")
+}
+
+// CanonicalRequestOf is the canonical request the signer of r must have
+// built, with the path normalised (as AWS's services do) or as received.
+// body is r's body, already read.
+func CanonicalRequestOf(r *http.Request, body []byte, auth *Auth, normalize bool) (string, error) {
 	payload, err := payloadHash(r, body, auth)
 	if err != nil {
-		return err
+		return "", err
 	}
-	creq := CanonicalRequest(r.Method, wirePath(r), canonicalQuery(r.URL.RawQuery, auth.Presigned), canonicalHeaders(r, auth.SignedHeaders), auth.SignedHeaders, payload)
-	sts := StringToSign(auth.Time, auth.Scope(), creq)
-	want := hex.EncodeToString(hmacSHA256(SigningKey(key.SecretAccessKey, auth.Date, auth.Region, auth.Service), []byte(sts)))
-	if !hmac.Equal([]byte(want), []byte(strings.ToLower(auth.Signature))) {
-		return fail(BadSignature, "The request signature we calculated does not match the signature you provided. Check your AWS Secret Access Key and signing method. Consult the service documentation for details.")
-	}
-	return nil
+	return CanonicalRequest(r.Method, CanonicalURI(wirePath(r), normalize), canonicalQuery(r.URL.RawQuery, auth.Presigned),
+		canonicalHeaders(r, auth.SignedHeaders), auth.SignedHeaders, payload), nil
 }
 
 func payloadHash(r *http.Request, body []byte, auth *Auth) (string, error) {
@@ -275,15 +310,22 @@ func wirePath(r *http.Request) string {
 	return p
 }
 
-// CanonicalURI is the path part of the canonical request: dot segments and
-// repeated slashes removed, then every byte outside the unreserved set
-// percent-encoded. Applied to a path that is already percent-encoded on the
-// wire, this is the double encoding AWS specifies for every service but S3.
-func CanonicalURI(path string) string {
-	return Escape(normalize(path), false)
+// CanonicalURI is the path part of the canonical request: with normalize,
+// dot segments and repeated slashes removed; then every byte outside the
+// unreserved set percent-encoded. Applied to a path that is already
+// percent-encoded on the wire, this is the double encoding AWS specifies
+// for every service but S3.
+func CanonicalURI(path string, normalize bool) string {
+	if normalize {
+		path = normalizePath(path)
+	}
+	if path == "" {
+		path = "/"
+	}
+	return Escape(path, false)
 }
 
-func normalize(p string) string {
+func normalizePath(p string) string {
 	if p == "" {
 		return "/"
 	}
@@ -363,7 +405,7 @@ func canonicalQuery(raw string, presigned bool) string {
 
 // canonicalHeaders renders the signed headers: lower-case names, values
 // trimmed with inner runs of spaces collapsed, repeated headers joined by
-// commas.
+// commas in the order received.
 func canonicalHeaders(r *http.Request, signed []string) []string {
 	out := make([]string, 0, len(signed))
 	for _, name := range signed {
@@ -379,19 +421,38 @@ func canonicalHeaders(r *http.Request, signed []string) []string {
 		default:
 			vals = r.Header.Values(name)
 		}
+		vals = append([]string(nil), vals...)
 		for i, v := range vals {
-			vals[i] = strings.Join(strings.Fields(v), " ")
+			vals[i] = trimValue(v)
 		}
 		out = append(out, name+":"+strings.Join(vals, ","))
 	}
 	return out
 }
 
-// CanonicalRequest assembles the canonical request from its parts; path is
-// the path as sent on the wire, query the canonical query string.
-func CanonicalRequest(method, path, query string, headers, signed []string, payloadHash string) string {
+// trimValue trims a header value and collapses each run of spaces to one,
+// as the SDKs do (tabs inside a value are left alone, as they leave them).
+func trimValue(v string) string {
+	v = strings.TrimSpace(v)
+	if !strings.Contains(v, "  ") {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == ' ' && i > 0 && v[i-1] == ' ' {
+			continue
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+// CanonicalRequest assembles the canonical request from its parts: uri
+// from CanonicalURI, query the canonical query string, headers the
+// canonical "name:value" lines in signed-header order.
+func CanonicalRequest(method, uri, query string, headers, signed []string, payloadHash string) string {
 	return method + "\n" +
-		CanonicalURI(path) + "\n" +
+		uri + "\n" +
 		query + "\n" +
 		strings.Join(headers, "\n") + "\n\n" +
 		strings.Join(signed, ";") + "\n" +

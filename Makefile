@@ -13,6 +13,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # Binaries: name=package. Every service is hangar-<name>; the CLI is hangar.
 PROGRAMS := \
 	hangar=./services/hangarctl \
+	hangar-firstboot=./services/firstboot \
 	hangar-gateway=./services/gateway \
 	hangar-ebsd=./services/ebsd
 

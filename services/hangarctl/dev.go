@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -20,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"hangar.dev/hangar/services/internal/creds"
+	"hangar.dev/hangar/services/firstboot/hostinit"
 	"hangar.dev/hangar/services/internal/hostconf"
 )
 
@@ -166,42 +168,32 @@ func (e *devEnv) prepare() error {
 			return err
 		}
 	}
-	f, err := os.Open(confPath)
+	// The same first boot the image runs (hangar-firstboot), pointed at the
+	// state directory, so a dev host and a booted host cannot drift apart.
+	e.hostJSON = filepath.Join(e.runDir, "host.json")
+	e.credentials = filepath.Join(e.dir, "credentials")
+	res, err := hostinit.Run(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), hostinit.Paths{
+		HostConf:      confPath,
+		RuntimeConfig: e.hostJSON,
+		Readiness:     filepath.Join(e.runDir, "readiness.json"),
+		Credentials:   e.credentials,
+		TLSDir:        filepath.Join(e.dir, "tls"),
+		StateDir:      e.dir,
+		KVMDevice:     "/dev/kvm",
+	}, hostinit.Options{Listen: e.listen})
 	if err != nil {
 		return err
 	}
-	cfg, rep := hostconf.Parse(f, hostconf.Machine{CPUs: runtime.NumCPU()})
-	f.Close()
+	cfg, rep := res.Config, res.Report
 	for _, p := range rep.Problems {
 		fmt.Fprintf(os.Stderr, "hangar dev: %s: %s\n", confPath, p)
 	}
 	if !rep.OK() {
 		return fmt.Errorf("%s is invalid; fix the lines above", confPath)
 	}
-	if cfg.AccountID == "" {
-		return fmt.Errorf("%s: set ACCOUNT_ID", confPath)
-	}
-	cfg.APIListen = e.listen
-	e.hostJSON = filepath.Join(e.runDir, "host.json")
-	if err := hostconf.Save(e.hostJSON, cfg); err != nil {
-		return err
-	}
-	readiness := hostconf.Readiness{Ready: true}
-	for _, p := range rep.Problems {
-		readiness.Reasons = append(readiness.Reasons, hostconf.Reason{Code: hostconf.ReasonConfigInvalid, Message: p.String()})
-	}
-	if err := hostconf.SaveReadiness(filepath.Join(e.runDir, "readiness.json"), readiness); err != nil {
-		return err
-	}
-
-	e.credentials = filepath.Join(e.dir, "credentials")
-	if _, err := os.Stat(e.credentials); errors.Is(err, os.ErrNotExist) {
-		k := creds.Generate("default")
-		if cfg.AdminAccessKeyID != "" {
-			k.AccessKeyID, k.SecretAccessKey = cfg.AdminAccessKeyID, cfg.AdminSecretAccessKey
-		}
-		if err := creds.Write(e.credentials, []creds.Key{k}); err != nil {
-			return err
+	for _, r := range res.Readiness.Reasons {
+		if r.Code == hostconf.ReasonCredentialsMissing {
+			return fmt.Errorf("%s", r)
 		}
 	}
 	awsConfig := fmt.Sprintf("[default]\nregion = %s\noutput = json\n", cfg.Region)

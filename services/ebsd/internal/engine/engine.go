@@ -822,7 +822,9 @@ func (e *Engine) DeleteSnapshot(id string) error {
 
 // ---- EBS direct ----
 
-func (e *Engine) journalPath(id string) string { return filepath.Join(e.stateDir, "pending", id+".log") }
+func (e *Engine) journalPath(id string) string {
+	return filepath.Join(e.stateDir, "pending", id+".log")
+}
 
 // StartSnapshot starts an EBS direct snapshot.
 func (e *Engine) StartSnapshot(a api.StartSnapshotArgs) (api.SnapshotInfo, error) {

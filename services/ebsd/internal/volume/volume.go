@@ -52,7 +52,7 @@ const stripes = 256
 // Volume is an open volume.
 type Volume struct {
 	dir  string
-	data *os.File
+	data *chunks
 	base Source
 
 	size    atomic.Uint64
@@ -91,21 +91,13 @@ func Create(dir string, size uint64) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "data"), os.O_CREATE|os.O_RDWR, 0o640)
-	if err != nil {
-		return fmt.Errorf("creating data file: %w", err)
-	}
-	defer f.Close()
-	if err := f.Truncate(int64(size)); err != nil {
-		return fmt.Errorf("sizing data file: %w", err)
+	if err := createChunks(dir, size); err != nil {
+		return err
 	}
 	for _, name := range []string{"present.bitmap", "changed.bitmap"} {
 		if err := writeBitmapFile(filepath.Join(dir, name), bitmap.New(Blocks(size))); err != nil {
 			return err
 		}
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing data file: %w", err)
 	}
 	return syncDir(dir)
 }
@@ -169,21 +161,11 @@ func openBitmap(path string, n uint64) (*bitmap.Bitmap, *os.File, error) {
 // Open opens the volume in dir of the given size; base is nil for a
 // volume not made from a snapshot.
 func Open(dir string, size uint64, base Source) (*Volume, error) {
-	data, err := os.OpenFile(filepath.Join(dir, "data"), os.O_RDWR, 0)
+	// openChunks also completes a grow that crashed between the record
+	// and the files.
+	data, err := openChunks(dir, size)
 	if err != nil {
-		return nil, fmt.Errorf("opening data file: %w", err)
-	}
-	st, err := data.Stat()
-	if err != nil {
-		data.Close()
 		return nil, err
-	}
-	if uint64(st.Size()) < size {
-		// A grow that crashed between the record and the file.
-		if err := data.Truncate(int64(size)); err != nil {
-			data.Close()
-			return nil, fmt.Errorf("growing data file: %w", err)
-		}
 	}
 	v := &Volume{dir: dir, data: data, base: base}
 	v.size.Store(size)
@@ -242,8 +224,8 @@ func (v *Volume) check(off, n uint64) error {
 // the block's stripe or knows the block is not being written.
 func (v *Volume) readBlock(i uint64, buf []byte) error {
 	if v.present.Test(i) || v.base == nil {
-		n, err := v.data.ReadAt(buf, int64(i*BlockSize))
-		if err != nil && !errors.Is(err, io.EOF) {
+		n, err := v.data.ReadAt(buf, i*BlockSize)
+		if err != nil {
 			return fmt.Errorf("reading block %d: %w", i, err)
 		}
 		clear(buf[n:])
@@ -264,7 +246,7 @@ func (v *Volume) ReadAt(p []byte, off uint64) error {
 		in := off % BlockSize
 		n := min(uint64(len(p)), BlockSize-in)
 		if v.present.Test(i) || v.base == nil {
-			if _, err := v.data.ReadAt(p[:n], int64(off)); err != nil && !errors.Is(err, io.EOF) {
+			if _, err := v.data.ReadAt(p[:n], off); err != nil {
 				return fmt.Errorf("reading %d bytes at %d: %w", n, off, err)
 			}
 		} else if err := v.hydrateRead(i, p[:n], in); err != nil {
@@ -284,8 +266,8 @@ func (v *Volume) hydrateRead(i uint64, p []byte, in uint64) error {
 	mu.Lock()
 	defer mu.Unlock()
 	if v.present.Test(i) {
-		_, err := v.data.ReadAt(p, int64(i*BlockSize+in))
-		if err != nil && !errors.Is(err, io.EOF) {
+		_, err := v.data.ReadAt(p, i*BlockSize+in)
+		if err != nil {
 			return fmt.Errorf("reading block %d: %w", i, err)
 		}
 		return nil
@@ -297,7 +279,7 @@ func (v *Volume) hydrateRead(i uint64, p []byte, in uint64) error {
 		return fmt.Errorf("reading block %d from the snapshot: %w", i, err)
 	}
 	copy(p, buf[in:])
-	if _, err := v.data.WriteAt(buf, int64(i*BlockSize)); err == nil {
+	if _, err := v.data.WriteAt(buf, i*BlockSize); err == nil {
 		v.present.Set(i)
 	}
 	return nil
@@ -330,7 +312,7 @@ func (v *Volume) prepare(i uint64, whole bool) error {
 	if err := v.base.ReadBlock(i, buf); err != nil {
 		return fmt.Errorf("hydrating block %d: %w", i, err)
 	}
-	if _, err := v.data.WriteAt(buf, int64(i*BlockSize)); err != nil {
+	if _, err := v.data.WriteAt(buf, i*BlockSize); err != nil {
 		return fmt.Errorf("hydrating block %d: %w", i, err)
 	}
 	v.present.Set(i)
@@ -361,7 +343,7 @@ func (v *Volume) WriteAt(p []byte, off uint64) error {
 		mu.Lock()
 		err := v.prepare(i, in == 0 && n == v.blockLen(i))
 		if err == nil {
-			_, err = v.data.WriteAt(p[:n], int64(off))
+			_, err = v.data.WriteAt(p[:n], off)
 			if err != nil {
 				err = fmt.Errorf("writing %d bytes at %d: %w", n, off, err)
 			}
@@ -398,9 +380,9 @@ func (v *Volume) Zero(off, n uint64) error {
 		err := v.prepare(i, whole)
 		if err == nil {
 			if whole {
-				err = unix.Fallocate(int(v.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(k))
+				err = v.data.PunchHole(off, k)
 			} else {
-				_, err = v.data.WriteAt(zeroBlock[:k], int64(off))
+				_, err = v.data.WriteAt(zeroBlock[:k], off)
 			}
 			if err != nil {
 				err = fmt.Errorf("zeroing %d bytes at %d: %w", k, off, err)
@@ -431,7 +413,7 @@ func (v *Volume) Flush() error {
 		v.changed.MarkDirty(cp)
 		return err
 	}
-	if err := unix.Fdatasync(int(v.data.Fd())); err != nil {
+	if err := v.data.Sync(); err != nil {
 		return fail(fmt.Errorf("syncing volume data: %w", err))
 	}
 	if len(pp) == 0 && len(cp) == 0 {
@@ -470,8 +452,8 @@ func (v *Volume) Grow(size uint64) error {
 	if size <= v.size.Load() {
 		return nil
 	}
-	if err := v.data.Truncate(int64(size)); err != nil {
-		return fmt.Errorf("growing data file: %w", err)
+	if err := v.data.grow(size); err != nil {
+		return err
 	}
 	v.present.Grow(Blocks(size))
 	v.changed.Grow(Blocks(size))

@@ -565,3 +565,58 @@ func protoNumber(p string) (uint8, error) {
 	}
 	return uint8(n), nil
 }
+
+// Clone returns a deep copy of v, for a change to be tried before it is
+// kept.
+func (v *VPC) Clone() *VPC {
+	c := *v
+	c.Subnets = map[string]*Subnet{}
+	for k, x := range v.Subnets {
+		y := *x
+		c.Subnets[k] = &y
+	}
+	c.Groups = map[string]*Group{}
+	for k, x := range v.Groups {
+		y := *x
+		y.Rules = append([]api.SGRule(nil), x.Rules...)
+		c.Groups[k] = &y
+	}
+	c.RouteTables = map[string]*RouteTable{}
+	for k, x := range v.RouteTables {
+		y := *x
+		y.Subnets = append([]string(nil), x.Subnets...)
+		y.Routes = append([]api.RouteSpec(nil), x.Routes...)
+		c.RouteTables[k] = &y
+	}
+	c.Interfaces = map[string]*Interface{}
+	for k, x := range v.Interfaces {
+		y := *x
+		y.Groups = append([]string(nil), x.Groups...)
+		c.Interfaces[k] = &y
+	}
+	c.Addresses = map[string]*Address{}
+	for k, x := range v.Addresses {
+		y := *x
+		c.Addresses[k] = &y
+	}
+	return &c
+}
+
+// Normalize gives a VPC decoded from storage the maps it may lack.
+func (v *VPC) Normalize() {
+	if v.Subnets == nil {
+		v.Subnets = map[string]*Subnet{}
+	}
+	if v.Groups == nil {
+		v.Groups = map[string]*Group{}
+	}
+	if v.RouteTables == nil {
+		v.RouteTables = map[string]*RouteTable{}
+	}
+	if v.Interfaces == nil {
+		v.Interfaces = map[string]*Interface{}
+	}
+	if v.Addresses == nil {
+		v.Addresses = map[string]*Address{}
+	}
+}

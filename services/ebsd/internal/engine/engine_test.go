@@ -672,3 +672,72 @@ func TestVolumeLifecycleErrors(t *testing.T) {
 		t.Fatalf("the export socket outlived its volume: %v", err)
 	}
 }
+
+// TestFullDiskFailsTheWriterAndLosesNothing runs ebsd's state on a tiny
+// tmpfs and writes until it is full: the writer gets ENOSPC, every write
+// acknowledged before reads back, before and after a restart, and the
+// catalog still opens.
+func TestFullDiskFailsTheWriterAndLosesNothing(t *testing.T) {
+	requireQEMU(t)
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: mounting a small tmpfs to fill needs root")
+	}
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.MkdirAll(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=12m", "hangar-ebsd-test", state).CombinedOutput(); err != nil {
+		t.Skipf("skipping: cannot mount a tmpfs: %v %s", err, out)
+	}
+	en := &env{t: t, state: state, runtime: filepath.Join(dir, "run")}
+	t.Cleanup(func() {
+		if en.e != nil {
+			en.e.Close()
+		}
+		_ = exec.Command("umount", state).Run()
+	})
+	en.open()
+	v := en.volume(64*MiB, "")
+	acked := 0
+	var failure string
+	for chunk := 0; chunk < 32; chunk++ {
+		out, err := qemuIOErr(v.ExportSocket, fmt.Sprintf("write -P %d %dM 2M", chunk+1, chunk*2), "flush")
+		if err != nil {
+			failure = out
+			break
+		}
+		acked++
+	}
+	if failure == "" {
+		t.Fatal("64 MiB fit on a 12 MiB tmpfs: nothing was provoked")
+	}
+	if !strings.Contains(failure, "No space left on device") {
+		t.Fatalf("the writer got %q, want ENOSPC", failure)
+	}
+	if acked == 0 {
+		t.Fatal("no write succeeded before the disk filled")
+	}
+	verify := func() {
+		for chunk := 0; chunk < acked; chunk++ {
+			qemuIO(t, v.ExportSocket, fmt.Sprintf("read -P %d %dM 2M", chunk+1, chunk*2))
+		}
+	}
+	verify()
+	en.restart()
+	verify()
+	// Snapshot blocks cannot be stored either; the error says why.
+	snap := awsid.New("snap")
+	if _, err := en.e.StartSnapshot(api.StartSnapshotArgs{SnapshotID: snap, VolumeSizeBytes: 64 * MiB}); err != nil {
+		t.Fatal(err)
+	}
+	var putErr error
+	for i := uint64(0); i < 32 && putErr == nil; i++ {
+		b := bytes.Repeat([]byte{byte(i + 1)}, BlockSize)
+		putErr = en.e.PutBlock(snap, i, b, b64sum(b))
+	}
+	if !isErr(putErr, api.ErrInsufficientCapacity) {
+		t.Fatalf("a block to a full disk: %v, want InsufficientCapacity", putErr)
+	}
+	verify()
+}

@@ -20,7 +20,7 @@ PROGRAMS := \
 # Debian packages the tests drive for real (aws CLI, D-Bus, QEMU, …).
 TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils
 
-.PHONY: all build test vet unit fuzz bench run deps clean generate
+.PHONY: all build test vet unit fuzz bench run deps clean generate image test-image dev image-ami
 
 all: build
 
@@ -54,8 +54,8 @@ vet:
 unit:
 	$(GO) test -count=1 -short ./...
 
-test: deps build vet
-	HANGAR_BIN_DIR=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 45m ./...
+test: deps build vet test-image
+	HANGAR_BIN_DIR=$(CURDIR)/$(BIN) HANGAR_IMAGE_DIR=$(IMAGE_OUT) $(GO) test -count=1 -timeout 45m ./...
 	$(MAKE) -s fuzz FUZZTIME=10s
 
 # Each fuzz target runs briefly in make test; longer with FUZZTIME=5m.
@@ -74,10 +74,37 @@ fuzz:
 bench: build
 	HANGAR_BIN_DIR=$(CURDIR)/$(BIN) HANGAR_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^TestBench' -v ./tests/bench/ | grep -v '^=== RUN'
 
-# run: until the image lands, a development host on 127.0.0.1:4566.
-RUN_DIR ?= $(CURDIR)/.hangar-dev
-run: build
-	$(BIN)/hangar dev --state-dir $(RUN_DIR) --listen 127.0.0.1:4566
+# The image (docs/image.md): a Debian 12 disk with hangar's overlay, built by
+# image/build.sh from static binaries of every program in PROGRAMS. The base
+# is cached by package list, so a second build takes seconds. make test
+# builds it once for the boot tests in tests/image (which skip without it).
+IMAGE_OUT ?= $(CURDIR)/image/out
+IMAGE_DEBS := mmdebstrap qemu-system-x86 ovmf systemd-container e2fsprogs dosfstools mtools fdisk
+TEST_DEBS += $(IMAGE_DEBS)
+
+image:
+	@CGO_ENABLED=0 $(MAKE) -s build BIN=$(IMAGE_OUT)/bin
+	image/build.sh --bin $(IMAGE_OUT)/bin --out $(IMAGE_OUT)
+
+test-image:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) -s image; \
+	else echo "make test: not root, so no image is built; the boot tests in tests/image skip"; fi
+
+# run: boot the image in QEMU with the API on 127.0.0.1:4566 (image/run).
+RUN_DIR ?= $(CURDIR)/.hangar-run
+run: image
+	$(GO) run ./image/run --image $(IMAGE_OUT) --state-dir $(RUN_DIR) --listen 127.0.0.1:4566
+
+# dev: a host without the image or systemd (hangar dev), on 127.0.0.1:4566.
+DEV_DIR ?= $(CURDIR)/.hangar-dev
+dev: build
+	$(BIN)/hangar dev --state-dir $(DEV_DIR) --listen 127.0.0.1:4566
+
+# image-ami: publish the image as an AMI with bootc-image-builder
+# (image/ami.sh; AMI_FLAGS=--dry-run prints the commands).
+AMI_FLAGS ?=
+image-ami:
+	image/ami.sh $(AMI_FLAGS)
 
 generate:
 	$(GO) generate ./...

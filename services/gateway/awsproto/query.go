@@ -214,10 +214,12 @@ func (d *decoder) list(wire string, ref *awsmodel.Ref, s *awsmodel.Shape, f refl
 		}
 		out = reflect.Append(out, elem)
 	}
-	// A bare "Name=" with no items (the CLI sends it for an empty list).
+	// A bare "Name=" is the Query protocol's empty list (botocore sends it
+	// for one). The EC2 protocol has no empty list on the wire: its
+	// clients send nothing, so there a bare name is a mistake.
 	if vals, ok := d.form[wire]; ok {
 		d.used[wire] = true
-		if len(vals) != 1 || vals[0] != "" {
+		if d.ec2 || len(vals) != 1 || vals[0] != "" {
 			return awserr.InvalidParameterValue("Parameter %s is a list: give it as %s.1, %s.2, …", wire, wire, wire)
 		}
 	}
@@ -232,8 +234,10 @@ func (d *decoder) mapValue(wire string, ref *awsmodel.Ref, s *awsmodel.Shape, f 
 	if f.Kind() != reflect.Map {
 		return fmt.Errorf("awsproto: %s: map into %s", wire, f.Type())
 	}
+	// The EC2 protocol inherits the Query protocol's map form
+	// (Name.entry.N.key), as botocore's serializers do.
 	base := wire
-	if !d.ec2 && !(s.Flattened || ref.Flattened) {
+	if !(s.Flattened || ref.Flattened) {
 		base = wire + ".entry"
 	}
 	keyName, valName := "key", "value"
@@ -283,9 +287,18 @@ func scalar(wire, shapeName string, s *awsmodel.Shape, raw string, f reflect.Val
 		}
 		f.SetString(raw)
 	case "boolean":
-		b, err := strconv.ParseBool(raw)
-		if err != nil || f.Kind() != reflect.Bool {
+		// Only the words the SDKs write: strconv.ParseBool would also
+		// take 1, t and F, which AWS does not.
+		var b bool
+		switch strings.ToLower(raw) {
+		case "true":
+			b = true
+		case "false":
+		default:
 			return bad("Expected true or false.")
+		}
+		if f.Kind() != reflect.Bool {
+			return fmt.Errorf("awsproto: %s: boolean into %s", wire, f.Type())
 		}
 		f.SetBool(b)
 	case "integer", "long":

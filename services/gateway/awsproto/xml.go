@@ -214,8 +214,13 @@ func scalarText(typ string, v reflect.Value) (string, bool) {
 			return strconv.FormatInt(v.Int(), 10), true
 		}
 	case "double", "float":
-		if v.Kind() == reflect.Float64 || v.Kind() == reflect.Float32 {
+		// The shortest text that reads back as the same value at the
+		// field's own width (a float32 0.1 is "0.1", not 0.100000001…).
+		switch v.Kind() {
+		case reflect.Float64:
 			return strconv.FormatFloat(v.Float(), 'f', -1, 64), true
+		case reflect.Float32:
+			return strconv.FormatFloat(v.Float(), 'f', -1, 32), true
 		}
 	case "timestamp":
 		if t, ok := v.Interface().(time.Time); ok {

@@ -18,7 +18,7 @@ PROGRAMS := \
 	hangar-ebsd=./services/ebsd
 
 # Debian packages the tests drive for real (aws CLI, D-Bus, QEMU, …).
-TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils
+TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils openssh-client openssl putty-tools
 
 .PHONY: all build test vet unit fuzz bench run deps clean generate image test-image dev image-ami
 

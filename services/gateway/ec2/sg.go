@@ -552,9 +552,6 @@ func (s *Service) DescribeSecurityGroups(ctx context.Context, in *ec2.DescribeSe
 			}
 			ids = append(ids, g.GroupID)
 		}
-		if len(in.GroupNames) > 0 && len(in.GroupIds) == 0 && len(ids) == 0 {
-			return nil
-		}
 		next, err := list(tx, kindSecurityGroup, ids, match, p, func(_ string, g *securityGroupRecord, tags []types.Tag) {
 			out.SecurityGroups = append(out.SecurityGroups, s.sgView(g, tags))
 		})

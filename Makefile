@@ -15,7 +15,8 @@ PROGRAMS := \
 	hangar=./services/hangarctl \
 	hangar-firstboot=./services/firstboot \
 	hangar-gateway=./services/gateway \
-	hangar-ebsd=./services/ebsd
+	hangar-ebsd=./services/ebsd \
+	hangar-vmd=./services/vmd
 
 # Debian packages the tests drive for real (aws CLI, D-Bus, QEMU, …).
 TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils openssh-client openssl putty-tools
@@ -81,6 +82,9 @@ bench: build
 IMAGE_OUT ?= $(CURDIR)/image/out
 IMAGE_DEBS := mmdebstrap qemu-system-x86 ovmf systemd-container e2fsprogs dosfstools mtools fdisk
 TEST_DEBS += $(IMAGE_DEBS)
+# vmd's guest tests: QEMU with its firmware, a static busybox for the test
+# initramfs, ip(8) for taps, qemu-nbd for hot-plugged disks.
+TEST_DEBS += qemu-system-x86 qemu-utils seabios ovmf busybox-static iproute2
 
 image:
 	@CGO_ENABLED=0 $(MAKE) -s build BIN=$(IMAGE_OUT)/bin

@@ -44,6 +44,11 @@ var devServices = []devService{
 	{name: "ebs", binary: "hangar-ebsd", args: func(e *devEnv) []string {
 		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("ebs"), "--runtime-dir", e.runtimeDir("ebs")}
 	}},
+	// vmd runs QEMU itself in dev (no systemd), with TCG when KVM is not
+	// usable (dev's host.conf allows software emulation).
+	{name: "vmd", binary: "hangar-vmd", args: func(e *devEnv) []string {
+		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("vmd"), "--runtime-dir", e.runtimeDir("vmd"), "--runner", "process"}
+	}},
 	{name: "gateway", binary: "hangar-gateway", args: func(e *devEnv) []string {
 		return []string{"--config", e.hostJSON, "--credentials", e.credentials, "--state-dir", e.stateDir("gateway"), "--listen", e.listen}
 	}},

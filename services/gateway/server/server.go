@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -179,16 +181,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 	auth, err := sigv4.ParseAuth(r)
 	if err != nil {
 		var se *sigv4.Error
-		errors.As(err, &se)
-		writeGenericError(w, reqID, authError("", se, s.cfg.Now()))
-		return "", ""
+		if !errors.As(err, &se) {
+			se = &sigv4.Error{Kind: sigv4.Malformed, Message: err.Error()}
+		}
+		return s.writeUnauthenticated(w, r, reqID, se), ""
 	}
 	service = auth.Service
 	q, isQuery := s.query[service]
 	rest, isREST := s.rest[service]
 	if !isQuery && !isREST {
-		writeGenericError(w, reqID, awserr.New(http.StatusBadRequest, "UnknownService",
-			"hangar does not serve the service %q named in the credential scope; it serves %s", auth.Service, strings.Join(s.Services(), ", ")))
+		// Answered before the body is read: a client of a service hangar
+		// does not run hears so at once, whatever it is uploading.
+		writeUnknownService(w, reqID, auth.Service, s.Services())
 		return service, ""
 	}
 	writeErr := func(e *awserr.Error) {
@@ -225,6 +229,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 		writeErr(aerr)
 		return service, ""
 	}
+	// What was verified may be the normalised path (AWS's services sign
+	// paths without dot segments or repeated slashes); handlers see that
+	// same path, never a spelling the signature did not cover.
+	if p := cleanPath(r.URL.Path); p != r.URL.Path {
+		u := *r.URL
+		u.Path, u.RawPath = p, ""
+		r.URL = &u
+	}
 	ctx := reqctx.With(r.Context(), &reqctx.Request{ID: reqID, Caller: caller, Log: log, Region: s.cfg.Region, Host: r.Host})
 	if isREST {
 		rest.ServeAWS(w, r.WithContext(ctx), body)
@@ -251,6 +263,14 @@ func (s *Server) authenticate(r *http.Request, body []byte, auth *sigv4.Auth) (*
 		return nil, authError(auth.Service, &sigv4.Error{Kind: sigv4.UnknownKey}, now)
 	}
 	err := sigv4.Verify(r, body, auth, sigv4.Key{SecretAccessKey: key.SecretAccessKey, SessionToken: key.SessionToken}, now)
+	if err == nil && auth.Presigned && (auth.Service == "sts" || auth.Service == "iam") {
+		// STS and IAM hold a presigned request to the same 15 minutes
+		// as a signed one, whatever its X-Amz-Expires (the lifetime EKS
+		// tokens rely on).
+		if d := now.Sub(auth.Time); d > sigv4.MaxSkew {
+			err = &sigv4.Error{Kind: sigv4.Expired, Message: "Signature expired", RequestTime: auth.Time, ServerTime: now}
+		}
+	}
 	if err != nil {
 		var se *sigv4.Error
 		if !errors.As(err, &se) {
@@ -300,7 +320,9 @@ func authError(service string, e *sigv4.Error, now time.Time) *awserr.Error {
 		switch e.Kind {
 		case sigv4.Expired:
 			return awserr.New(http.StatusBadRequest, "RequestExpired", "Request has expired.")
-		case sigv4.Malformed, sigv4.MissingAuth:
+		case sigv4.Malformed, sigv4.MissingAuth, sigv4.BadScope:
+			// EC2 says only AuthFailure; the reason is added because a
+			// hangar user can act on it (a region or a clock to fix).
 			return awserr.New(http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials: %s", e.Message)
 		default:
 			return awserr.New(http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials")
@@ -339,6 +361,81 @@ func writeGenericError(w http.ResponseWriter, reqID string, e *awserr.Error) {
 	w.Header().Set("Content-Type", "text/xml")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// maxSniff is how much of an unauthenticated request's body is read to
+// learn which service it was meant for.
+const maxSniff = 64 << 10
+
+// writeUnauthenticated answers a request with no usable signature. With no
+// credential scope there is no service name, so the Query protocol's
+// Version parameter (2016-11-15 is EC2's, 2011-06-15 STS's) picks the
+// service whose words and error shape the client's SDK can read. It
+// returns the service it chose, or "".
+func (s *Server) writeUnauthenticated(w http.ResponseWriter, r *http.Request, reqID string, se *sigv4.Error) string {
+	version := r.URL.Query().Get("Version")
+	if version == "" && r.Method == http.MethodPost {
+		raw, _ := io.ReadAll(io.LimitReader(r.Body, maxSniff))
+		if form, err := url.ParseQuery(string(raw)); err == nil {
+			version = form.Get("Version")
+		}
+	}
+	for name, q := range s.query {
+		if version != "" && q.model.Metadata.APIVersion == version {
+			status, body := awsproto.ErrorXML(q.model.Metadata.Protocol, reqID, authError(name, se, s.cfg.Now()))
+			w.Header().Set("Content-Type", "text/xml")
+			w.WriteHeader(status)
+			_, _ = w.Write(body)
+			return name
+		}
+	}
+	writeGenericError(w, reqID, authError("", se, s.cfg.Now()))
+	return ""
+}
+
+// writeUnknownService answers a request signed for a service hangar does
+// not run, in that service's own error shape where hangar knows its model
+// (JSON for EKS, EBS and the other JSON protocols), else the Query XML
+// shape, which the XML protocols' parsers all read.
+func writeUnknownService(w http.ResponseWriter, reqID, service string, served []string) {
+	sort.Strings(served)
+	e := awserr.New(http.StatusBadRequest, "UnknownService",
+		"hangar does not serve the service %q named in the credential scope; it serves %s", service, strings.Join(served, ", "))
+	if m, err := awsmodel.Load(service); err == nil && (m.Metadata.Protocol == "rest-json" || m.Metadata.Protocol == "json") {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Amzn-ErrorType", e.Code)
+		w.WriteHeader(e.Status)
+		body, _ := json.Marshal(map[string]string{"message": e.Message, "__type": e.Code})
+		_, _ = w.Write(body)
+		return
+	}
+	writeGenericError(w, reqID, e)
+}
+
+// cleanPath removes dot segments and repeated slashes, as AWS's services
+// do before they sign a path.
+func cleanPath(p string) string {
+	if p == "" || p == "/" {
+		return "/"
+	}
+	trailing := strings.HasSuffix(p, "/")
+	var out []string
+	for _, seg := range strings.Split(p, "/") {
+		switch seg {
+		case "", ".":
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, seg)
+		}
+	}
+	c := "/" + strings.Join(out, "/")
+	if trailing && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 func (s *Server) serveQuery(ctx context.Context, q *queryService, r *http.Request, body []byte, reqID string) (string, []byte, *awserr.Error) {

@@ -54,8 +54,10 @@ const (
 type Error struct {
 	Kind    Kind
 	Message string
-	// RequestTime and ServerTime are set for Expired, so the caller can
-	// write AWS's "Signature expired: X is now earlier than Y" message.
+	// RequestTime is set for an Expired request whose X-Amz-Date is more
+	// than MaxSkew from ServerTime, so the caller can write AWS's
+	// "Signature expired: X is now earlier than Y" message; it is zero
+	// when a presigned request outlived its X-Amz-Expires.
 	RequestTime, ServerTime time.Time
 }
 
@@ -216,8 +218,9 @@ func Verify(r *http.Request, body []byte, auth *Auth, key Key, now time.Time) er
 			auth.Date, auth.Time.Format("20060102"), auth.Time.Format("20060102T150405Z"))
 	}
 	if auth.Presigned {
-		if now.After(auth.Time.Add(auth.Expires)) {
-			return &Error{Kind: Expired, Message: "Request has expired", RequestTime: auth.Time.Add(auth.Expires), ServerTime: now}
+		if until := auth.Time.Add(auth.Expires); now.After(until) {
+			return &Error{Kind: Expired, ServerTime: now, Message: fmt.Sprintf("Request has expired: the presigned request was valid until %s (X-Amz-Date %s plus X-Amz-Expires %d) and it is now %s.",
+				until.UTC().Format("20060102T150405Z"), auth.Time.UTC().Format("20060102T150405Z"), int(auth.Expires.Seconds()), now.UTC().Format("20060102T150405Z"))}
 		}
 		if auth.Time.After(now.Add(MaxSkew)) {
 			return &Error{Kind: Expired, Message: "Request is not yet valid", RequestTime: auth.Time, ServerTime: now}

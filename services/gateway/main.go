@@ -21,9 +21,11 @@ import (
 	"time"
 
 	"hangar.dev/hangar/services/gateway/awsmodel"
+	"hangar.dev/hangar/services/gateway/ebs"
 	"hangar.dev/hangar/services/gateway/ec2"
 	"hangar.dev/hangar/services/gateway/server"
 	"hangar.dev/hangar/services/gateway/sts"
+	"hangar.dev/hangar/services/internal/api"
 	"hangar.dev/hangar/services/internal/busutil"
 	"hangar.dev/hangar/services/internal/creds"
 	"hangar.dev/hangar/services/internal/hostconf"
@@ -130,6 +132,10 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 		return err
 	}
 	defer conn.Close()
+	// Volumes and snapshots hold their data in hangar-ebsd.
+	storage := api.NewStorageClient(conn)
+	ec2svc.SetStorage(storage)
+	srv.RegisterREST("ebs", ebs.New(ec2svc, storage, log.With("component", "ebs")))
 	bus := newBusObject(busutil.NewServer(conn), store, srv, endpoint, log)
 	if err := bus.export(); err != nil {
 		return err

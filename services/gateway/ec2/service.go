@@ -36,7 +36,14 @@ type Service struct {
 
 	tokenMu sync.Mutex
 	tokens  map[string]*sync.Mutex
+
+	// storage is hangar-ebsd (volume.go); nil until SetStorage.
+	storage Storage
 }
+
+// SetStorage gives EC2 the storage service that holds volume and snapshot
+// data.
+func (s *Service) SetStorage(st Storage) { s.storage = st }
 
 // New makes the EC2 service over db.
 func New(db *store.DB, cfg hostconf.Config, log *slog.Logger) *Service {

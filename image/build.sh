@@ -111,7 +111,10 @@ tar -C "$root.tmp" -xf "$base"
 # system is found by label, networkd does DHCP, and /etc/machine-id is made
 # at first boot.
 chroot "$root.tmp" passwd -dq root
-printf 'LABEL=hangar-root / ext4 defaults 0 1\n' >"$root.tmp/etc/fstab"
+# No fstab: the kernel command line mounts the root read-write by label,
+# and the same tree boots under systemd-nspawn, where a root entry would
+# fail systemd-remount-fs and leave the system "degraded".
+: >"$root.tmp/etc/fstab"
 echo hangar >"$root.tmp/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 hangar\n::1 localhost ip6-localhost ip6-loopback\n' >"$root.tmp/etc/hosts"
 : >"$root.tmp/etc/machine-id"

@@ -1031,13 +1031,18 @@ func (e *Engine) CompleteSnapshot(a api.CompleteSnapshotArgs) (api.SnapshotInfo,
 		if a.ChecksumAlgorithm != "SHA256" || a.AggregationMethod != "LINEAR" {
 			return api.SnapshotInfo{}, errf(api.ErrInvalidArgument, "only SHA256 checksums aggregated LINEAR are supported, not %s/%s", a.ChecksumAlgorithm, a.AggregationMethod)
 		}
+		// LINEAR: the blocks' checksums in index order, concatenated, then
+		// hashed. AWS's words ("concatenate them to form a single string")
+		// fit both the raw digests and their base64 text; either is taken.
 		sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
-		agg := sha256.New()
+		rawAgg, textAgg := sha256.New(), sha256.New()
 		for _, i := range idx {
 			raw, _ := hex.DecodeString(sums[i])
-			agg.Write(raw)
+			rawAgg.Write(raw)
+			textAgg.Write([]byte(base64.StdEncoding.EncodeToString(raw)))
 		}
-		if got := base64.StdEncoding.EncodeToString(agg.Sum(nil)); got != a.Checksum {
+		got := base64.StdEncoding.EncodeToString(rawAgg.Sum(nil))
+		if got != a.Checksum && base64.StdEncoding.EncodeToString(textAgg.Sum(nil)) != a.Checksum {
 			return api.SnapshotInfo{}, errf(api.ErrInvalidArgument, "the aggregated checksum %s does not match the blocks written (%s)", a.Checksum, got)
 		}
 	}

@@ -73,6 +73,7 @@ type vmdEnv struct {
 	runtimeDir string
 	config     string
 	extraArgs  []string
+	runnerArgs []string
 	cmd        *exec.Cmd
 	done       chan struct{}
 	log        *os.File
@@ -88,9 +89,16 @@ func newVMDEnv(t *testing.T, cfg hostconf.Config, extra ...string) *vmdEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	return newVMDEnvIn(t, dir, cfg, nil, extra...)
+}
+
+// newVMDEnvIn starts vmd with its directories under dir and the given
+// runner flags (nil: the process runner).
+func newVMDEnvIn(t *testing.T, dir string, cfg hostconf.Config, runnerArgs []string, extra ...string) *vmdEnv {
+	t.Helper()
 	e := &vmdEnv{t: t, bin: binary(t), bus: harness.StartBus(t), dir: dir,
 		stateDir: filepath.Join(dir, "state"), runtimeDir: filepath.Join(dir, "run"),
-		config: filepath.Join(dir, "host.json"), extraArgs: extra}
+		config: filepath.Join(dir, "host.json"), extraArgs: extra, runnerArgs: runnerArgs}
 	if err := hostconf.Save(e.config, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +131,12 @@ func devConfig() hostconf.Config {
 
 func (e *vmdEnv) start() {
 	e.t.Helper()
-	args := append([]string{"--config", e.config, "--state-dir", e.stateDir, "--runtime-dir", e.runtimeDir, "--runner", "process"}, e.extraArgs...)
+	runnerArgs := e.runnerArgs
+	if runnerArgs == nil {
+		runnerArgs = []string{"--runner", "process"}
+	}
+	args := append([]string{"--config", e.config, "--state-dir", e.stateDir, "--runtime-dir", e.runtimeDir}, runnerArgs...)
+	args = append(args, e.extraArgs...)
 	cmd := exec.Command(e.bin, args...)
 	cmd.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS="+e.bus, "HANGAR_LOG_LEVEL=debug")
 	cmd.Stdout, cmd.Stderr = e.log, e.log

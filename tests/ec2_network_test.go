@@ -445,12 +445,9 @@ func TestEC2NetworkSDK(t *testing.T) {
 	}
 
 	t.Run("CreateRouteTable with the ClientToken the SDK fills in", func(t *testing.T) {
+		// aws-sdk-go-v2 fills in a ClientToken that Debian's 2023 model
+		// lacks; the gateway's model is newer (see awsmodel/gen).
 		rt, err := c.CreateRouteTable(ctx, &ec2.CreateRouteTableInput{VpcId: &vpcID})
-		if apiCode(err) == "UnknownParameter" && strings.Contains(err.Error(), "ClientToken") {
-			// The botocore model the gateway decodes with is older than
-			// aws-sdk-go-v2's, which added ClientToken to CreateRouteTable.
-			t.Skipf("known gap in the gateway's API model, not in the handler: %v", err)
-		}
 		if err != nil || len(rt.RouteTable.Routes) != 1 {
 			t.Fatalf("create route table: %v", err)
 		}

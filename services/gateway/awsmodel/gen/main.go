@@ -1,14 +1,24 @@
 // Command gen copies the AWS API models hangar serves from botocore's data
-// (Debian's awscli ships them) into services/gateway/awsmodel/models,
-// without their documentation, so builds never need awscli installed.
+// into services/gateway/awsmodel/models, without their documentation, so
+// builds never need botocore installed.
 //
 //	go run ./services/gateway/awsmodel/gen [-botocore DIR]
+//
+// Use a botocore at least as new as the aws-sdk-go-v2 service packages in
+// go.mod (pip's botocore 1.43 here): the SDK sends members an older model
+// lacks (CreateRouteTable's ClientToken), which the decoder would refuse as
+// UnknownParameter. Debian's awscli 2.9 ships a 2023 model under
+// /usr/lib/python3/dist-packages/awscli/botocore/data; it is older than
+// the SDK and only good enough for the CLI itself.
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -43,13 +53,13 @@ func strip(v any) any {
 }
 
 func main() {
-	dir := flag.String("botocore", "/usr/lib/python3/dist-packages/awscli/botocore/data", "botocore data directory")
+	dir := flag.String("botocore", "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/botocore/data", "botocore data directory")
 	out := flag.String("out", "services/gateway/awsmodel/models", "output directory")
 	flag.Parse()
 	for svc, ver := range services {
-		raw, err := os.ReadFile(filepath.Join(*dir, svc, ver, "service-2.json"))
+		raw, err := readModel(filepath.Join(*dir, svc, ver, "service-2.json"))
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "gen: %v (apt-get install awscli)\n", err)
+			fmt.Fprintf(os.Stderr, "gen: %v (point -botocore at a botocore data directory)\n", err)
 			os.Exit(1)
 		}
 		var m any
@@ -66,4 +76,21 @@ func main() {
 			os.Exit(1)
 		}
 	}
+}
+
+// readModel reads service-2.json, or the service-2.json.gz newer botocore
+// releases ship.
+func readModel(path string) ([]byte, error) {
+	if raw, err := os.ReadFile(path); err == nil {
+		return raw, nil
+	}
+	gz, err := os.ReadFile(path + ".gz")
+	if err != nil {
+		return nil, err
+	}
+	r, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		return nil, fmt.Errorf("%s.gz: %w", path, err)
+	}
+	return io.ReadAll(r)
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -23,6 +24,26 @@ var ErrNotFound = errors.New("record not found")
 // DB is an open state file.
 type DB struct {
 	bolt *bolt.DB
+
+	watchMu  sync.RWMutex
+	watchers []func([]Change)
+}
+
+// Change is one record written or deleted by a committed transaction, with
+// its encoded value before and after (nil when absent).
+type Change struct {
+	Kind, ID string
+	Old, New []byte
+}
+
+// Watch registers fn to be called, in the committing goroutine, with every
+// change of each read-write transaction that commits. A service uses it to
+// follow its own records (the gateway pushes the VPCs whose records changed
+// to hangar-netd) without every writer having to remember to say so.
+func (db *DB) Watch(fn func([]Change)) {
+	db.watchMu.Lock()
+	db.watchers = append(db.watchers, fn)
+	db.watchMu.Unlock()
 }
 
 // Open opens (creating if needed) the state file at path. A second process
@@ -45,12 +66,60 @@ func (db *DB) Close() error { return db.bolt.Close() }
 // Update or View.
 type Tx struct {
 	tx *bolt.Tx
+	// changes is non-nil when someone watches the DB.
+	changes map[string]*Change
+	order   []string
 }
 
 // Update runs fn in a read-write transaction; an error from fn rolls back
-// everything fn wrote.
+// everything fn wrote. Watchers hear of the changes after the commit.
 func (db *DB) Update(fn func(*Tx) error) error {
-	return db.bolt.Update(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+	db.watchMu.RLock()
+	watched := len(db.watchers) > 0
+	db.watchMu.RUnlock()
+	var t *Tx
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		t = &Tx{tx: tx}
+		if watched {
+			t.changes = map[string]*Change{}
+		}
+		return fn(t)
+	})
+	if err != nil || !watched || len(t.order) == 0 {
+		return err
+	}
+	out := make([]Change, 0, len(t.order))
+	for _, k := range t.order {
+		out = append(out, *t.changes[k])
+	}
+	db.watchMu.RLock()
+	ws := append([]func([]Change){}, db.watchers...)
+	db.watchMu.RUnlock()
+	for _, w := range ws {
+		w(out)
+	}
+	return nil
+}
+
+// note records a write of kind/id for the watchers: the value the record
+// had when the transaction first touched it, and its value now.
+func (tx *Tx) note(b *bolt.Bucket, kind, id string, now []byte) {
+	if tx.changes == nil {
+		return
+	}
+	key := kind + "\x00" + id
+	c, ok := tx.changes[key]
+	if !ok {
+		c = &Change{Kind: kind, ID: id}
+		if b != nil {
+			if old := b.Get([]byte(id)); old != nil {
+				c.Old = append([]byte(nil), old...)
+			}
+		}
+		tx.changes[key] = c
+		tx.order = append(tx.order, key)
+	}
+	c.New = now
 }
 
 // View runs fn in a read-only transaction.
@@ -104,6 +173,7 @@ func (tx *Tx) Put(kind, id string, v any) error {
 	if err != nil {
 		return err
 	}
+	tx.note(b, kind, id, raw)
 	if err := b.Put([]byte(id), raw); err != nil {
 		return fmt.Errorf("writing %s %s: %w", kind, id, err)
 	}
@@ -115,6 +185,9 @@ func (tx *Tx) Delete(kind, id string) error {
 	b, _ := tx.bucket(kind, false)
 	if b == nil {
 		return nil
+	}
+	if b.Get([]byte(id)) != nil {
+		tx.note(b, kind, id, nil)
 	}
 	if err := b.Delete([]byte(id)); err != nil {
 		return fmt.Errorf("deleting %s %s: %w", kind, id, err)

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -92,4 +93,53 @@ func TestUpdateErrorRollsBack(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func TestWatchSeesCommittedChangesOnly(t *testing.T) {
+	db, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.Update(func(tx *Tx) error { return tx.Put("things", "a", rec{Name: "old"}) })
+	var seen [][]Change
+	db.Watch(func(c []Change) { seen = append(seen, c) })
+
+	err = db.Update(func(tx *Tx) error {
+		if err := tx.Put("things", "a", rec{Name: "mid"}); err != nil {
+			return err
+		}
+		if err := tx.Put("things", "a", rec{Name: "new"}); err != nil {
+			return err
+		}
+		if err := tx.Put("things", "b", rec{Name: "b"}); err != nil {
+			return err
+		}
+		return tx.Delete("things", "missing")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Update(func(tx *Tx) error {
+		_ = tx.Put("things", "c", rec{})
+		return errors.New("rolled back")
+	})
+	_ = db.Update(func(tx *Tx) error { return tx.Delete("things", "b") })
+
+	if len(seen) != 2 {
+		t.Fatalf("watcher called %d times, want 2 (the rolled-back transaction must not count)", len(seen))
+	}
+	first := seen[0]
+	if len(first) != 2 || first[0].ID != "a" || first[1].ID != "b" {
+		t.Fatalf("first commit changes: %+v", first)
+	}
+	if !strings.Contains(string(first[0].Old), "old") || !strings.Contains(string(first[0].New), "new") {
+		t.Fatalf("a: old %s new %s, want the value before the transaction and the last one", first[0].Old, first[0].New)
+	}
+	if first[1].Old != nil {
+		t.Fatalf("b was new, but Old = %s", first[1].Old)
+	}
+	if del := seen[1]; len(del) != 1 || del[0].ID != "b" || del[0].New != nil || del[0].Old == nil {
+		t.Fatalf("delete change: %+v", del)
+	}
 }

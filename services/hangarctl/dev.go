@@ -33,7 +33,8 @@ type devService struct {
 	// args returns the service's flags in the dev layout.
 	args func(e *devEnv) []string
 	// root services need privileges (netns, nftables); without them dev
-	// stops with an error naming the service.
+	// skips the service with a line saying so, and what depends on it
+	// (VPCs becoming available, instances) waits for it.
 	root bool
 }
 
@@ -136,7 +137,8 @@ func cmdDev(args []string) error {
 			continue
 		}
 		if svc.root && os.Geteuid() != 0 {
-			return fmt.Errorf("%s needs root (network namespaces, nftables); run hangar dev as root", svc.binary)
+			fmt.Fprintf(os.Stderr, "hangar dev: %s needs root (network namespaces, nftables); skipping it: VPCs stay pending and instances cannot launch\n", svc.binary)
+			continue
 		}
 		if err := sup.startService(ctx, e, svc, bin); err != nil {
 			return err

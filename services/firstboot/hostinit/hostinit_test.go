@@ -207,9 +207,11 @@ func TestBadInput(t *testing.T) {
 			},
 		},
 		{
-			name:  "invalid admin key writes no credentials",
-			setup: func(e *env) { e.conf("ALLOW_SOFTWARE_EMULATION=yes\nADMIN_ACCESS_KEY_ID=short\nADMIN_SECRET_ACCESS_KEY=" + testSecret + "\n") },
-			want:  []string{"ConfigInvalid: ADMIN_ACCESS_KEY_ID must be at least 16", "CredentialsMissing: the admin key in host.conf is invalid"},
+			name: "invalid admin key writes no credentials",
+			setup: func(e *env) {
+				e.conf("ALLOW_SOFTWARE_EMULATION=yes\nADMIN_ACCESS_KEY_ID=short\nADMIN_SECRET_ACCESS_KEY=" + testSecret + "\n")
+			},
+			want: []string{"ConfigInvalid: ADMIN_ACCESS_KEY_ID must be at least 16", "CredentialsMissing: the admin key in host.conf is invalid"},
 			check: func(t *testing.T, e *env, res *Result) {
 				if _, err := os.Stat(e.p.Credentials); err == nil {
 					t.Error("credentials were invented from an invalid admin key")

@@ -98,7 +98,16 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 	}
 	defer store.Close()
 
+	conn, err := busutil.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
 	ec2svc := ec2.New(store, cfg, log.With("component", "ec2"))
+	// VPCs are networks in hangar-netd: every change to their records is
+	// pushed there, and all of them again whenever netd (re)starts.
+	ec2svc.SetNetwork(api.NetworkClient{Conn: conn})
 	if err := ec2svc.Init(ctx); err != nil {
 		return fmt.Errorf("initialising EC2 records: %w", err)
 	}
@@ -127,17 +136,24 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 	endpoint := scheme + "://" + ln.Addr().String()
 	httpSrv := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 
-	conn, err := busutil.Connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
 	// Volumes and snapshots hold their data in hangar-ebsd.
 	storage := api.NewStorageClient(conn)
 	ec2svc.SetStorage(storage)
 	srv.RegisterREST("ebs", ebs.New(ec2svc, storage, log.With("component", "ebs")))
 	bus := newBusObject(busutil.NewServer(conn), store, srv, endpoint, log)
 	if err := bus.export(); err != nil {
+		return err
+	}
+
+	ec2svc.StartNetwork(ctx)
+	if err := busutil.WatchName(ctx, conn, api.Network.Name, func(up bool) {
+		if up {
+			log.Info("hangar-netd is on the bus; pushing every VPC")
+			ec2svc.NetworkAppeared(ctx)
+		} else {
+			log.Warn("hangar-netd left the bus; VPC changes wait for it")
+		}
+	}); err != nil {
 		return err
 	}
 

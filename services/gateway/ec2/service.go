@@ -39,6 +39,9 @@ type Service struct {
 
 	// storage is hangar-ebsd (volume.go); nil until SetStorage.
 	storage Storage
+	// net pushes VPCs to hangar-netd (netsync.go); nil until SetNetwork,
+	// and then records are only records (unit tests).
+	net *netSync
 }
 
 // SetStorage gives EC2 the storage service that holds volume and snapshot

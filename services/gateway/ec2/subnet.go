@@ -109,7 +109,7 @@ func (s *Service) createSubnet(tx *store.Tx, v *vpcRecord, cidr netip.Prefix, zo
 		AssignIpv6AddressOnCreation: ptr(false),
 		EnableDns64:                 ptr(false),
 		Ipv6Native:                  ptr(false),
-		State:                       types.SubnetStateAvailable,
+		State:                       s.initialSubnetState(),
 		OwnerId:                     ptr(s.account()),
 		SubnetArn:                   ptr(fmt.Sprintf("arn:aws:ec2:%s:%s:subnet/%s", s.cfg.Region, s.account(), id)),
 		Ipv6CidrBlockAssociationSet: []types.SubnetIpv6CidrBlockAssociation{},
@@ -370,4 +370,13 @@ func (s *Service) ModifySubnetAttribute(ctx context.Context, in *ec2.ModifySubne
 		return nil, err
 	}
 	return &ec2.ModifySubnetAttributeOutput{}, nil
+}
+
+// initialSubnetState is pending until hangar-netd has made the subnet's
+// bridge, as AWS answers create-subnet; without netd it is available.
+func (s *Service) initialSubnetState() types.SubnetState {
+	if s.networked() {
+		return types.SubnetStatePending
+	}
+	return types.SubnetStateAvailable
 }

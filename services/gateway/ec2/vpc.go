@@ -88,7 +88,7 @@ func (s *Service) createVPC(tx *store.Tx, cidr netip.Prefix, isDefault bool, ten
 		Vpc: types.Vpc{
 			VpcId:           ptr(id),
 			CidrBlock:       ptr(cidr.String()),
-			State:           types.VpcStateAvailable,
+			State:           s.initialVPCState(),
 			OwnerId:         ptr(s.account()),
 			InstanceTenancy: tenancy,
 			IsDefault:       ptr(isDefault),
@@ -384,4 +384,13 @@ func (s *Service) DescribeVpcAttribute(ctx context.Context, in *ec2.DescribeVpcA
 		return nil, awserr.InvalidParameterValue("Value (%s) for parameter attribute is invalid.", in.Attribute)
 	}
 	return out, nil
+}
+
+// initialVPCState is pending while hangar-netd has yet to build the VPC, as
+// AWS answers create-vpc; without netd (records only) it is available.
+func (s *Service) initialVPCState() types.VpcState {
+	if s.networked() {
+		return types.VpcStatePending
+	}
+	return types.VpcStateAvailable
 }

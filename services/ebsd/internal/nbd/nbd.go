@@ -196,8 +196,12 @@ type conn struct {
 	e  *Export
 	nc net.Conn
 	r  *bufio.Reader
-	wm sync.Mutex // serialises replies
-	wg sync.WaitGroup
+	wm sync.Mutex    // serialises replies
+	w  *bufio.Writer // replies, flushed when no request is waiting
+	// idle is set (under wm) while the reader waits for the client, so a
+	// reply finished meanwhile is flushed by whoever finished it.
+	idle bool
+	wg   sync.WaitGroup
 }
 
 func (c *conn) serve() error {
@@ -349,19 +353,39 @@ type request struct {
 	off    uint64
 	length uint32
 	data   []byte
+	async  bool // handled on its own goroutine
+	urgent bool // FLUSH or FUA: its reply is sent at once
 }
 
 // maxInFlight bounds the requests one connection runs at once.
 const maxInFlight = 32
 
+// transmit serves requests. Reads and writes that the page cache answers
+// run inline, their replies batched into one write for every burst of
+// requests the client sent together; FLUSH, FUA writes and large requests
+// run on their own goroutines so an fsync never holds up the pipeline.
 func (c *conn) transmit() error {
+	c.w = bufio.NewWriterSize(c.nc, 256<<10)
 	sem := make(chan struct{}, maxInFlight)
 	defer c.wg.Wait()
 	var h [28]byte
 	for {
+		if c.r.Buffered() < len(h) {
+			// About to wait for the client: send what is answered.
+			c.wm.Lock()
+			c.idle = true
+			err := c.w.Flush()
+			c.wm.Unlock()
+			if err != nil {
+				return err
+			}
+		}
 		if _, err := io.ReadFull(c.r, h[:]); err != nil {
 			return err
 		}
+		c.wm.Lock()
+		c.idle = false
+		c.wm.Unlock()
 		if binary.BigEndian.Uint32(h[0:]) != requestMagic {
 			return errors.New("bad request magic")
 		}
@@ -387,6 +411,14 @@ func (c *conn) transmit() error {
 				putPayload(rq.data)
 				return fmt.Errorf("client went away in the middle of a %d-byte write: %w", rq.length, err)
 			}
+		}
+		// Reads from the page cache are cheapest inline; writes overlap
+		// with reading the next request on another core.
+		rq.urgent = rq.typ == cmdFlush || rq.flags&cmdFlagFUA != 0
+		rq.async = rq.urgent || rq.typ != cmdRead || rq.length > 1<<20
+		if !rq.async {
+			c.handle(rq)
+			continue
 		}
 		sem <- struct{}{}
 		c.wg.Add(1)
@@ -493,9 +525,11 @@ func (c *conn) reply(rq *request, errno uint32, data []byte) {
 	binary.BigEndian.PutUint64(hdr[8:], rq.handle)
 	c.wm.Lock()
 	defer c.wm.Unlock()
-	bufs := net.Buffers{hdr[:]}
+	_, _ = c.w.Write(hdr[:])
 	if rq.typ == cmdRead && errno == 0 {
-		bufs = append(bufs, data)
+		_, _ = c.w.Write(data)
 	}
-	_, _ = bufs.WriteTo(c.nc)
+	if rq.urgent || c.idle {
+		_ = c.w.Flush()
+	}
 }

@@ -115,14 +115,30 @@ func join(prefix, name string) string {
 // field finds the struct field for a model member: the SDK names fields
 // after members, with the first letter upper-cased.
 func field(v reflect.Value, member string) reflect.Value {
-	if f := v.FieldByName(member); f.IsValid() {
-		return f
+	index, ok := fieldIndex(v.Type(), member)
+	if !ok {
+		return reflect.Value{}
+	}
+	f, err := v.FieldByIndexErr(index)
+	if err != nil {
+		return reflect.Value{}
+	}
+	return f
+}
+
+// fieldIndex is field's lookup on a type, so it can be cached.
+func fieldIndex(t reflect.Type, member string) ([]int, bool) {
+	if f, ok := t.FieldByName(member); ok {
+		return f.Index, true
 	}
 	up := strings.ToUpper(member[:1]) + member[1:]
-	if f := v.FieldByName(up); f.IsValid() {
-		return f
+	if f, ok := t.FieldByName(up); ok {
+		return f.Index, true
 	}
-	return v.FieldByNameFunc(func(n string) bool { return strings.EqualFold(n, member) })
+	if f, ok := t.FieldByNameFunc(func(n string) bool { return strings.EqualFold(n, member) }); ok {
+		return f.Index, true
+	}
+	return nil, false
 }
 
 func (d *decoder) structure(prefix string, s *awsmodel.Shape, v reflect.Value) error {

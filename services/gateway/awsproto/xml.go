@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"hangar.dev/hangar/services/gateway/awserr"
@@ -70,13 +71,80 @@ type encoder struct {
 	b   bytes.Buffer
 }
 
-func (e *encoder) open(name string)  { e.b.WriteString("<" + name + ">") }
-func (e *encoder) close(name string) { e.b.WriteString("</" + name + ">") }
+func (e *encoder) open(name string) {
+	e.b.WriteByte('<')
+	e.b.WriteString(name)
+	e.b.WriteByte('>')
+}
+
+func (e *encoder) close(name string) {
+	e.b.WriteString("</")
+	e.b.WriteString(name)
+	e.b.WriteByte('>')
+}
 
 func (e *encoder) elem(name, text string) {
 	e.open(name)
-	_ = xml.EscapeText(&e.b, []byte(text))
+	escapeText(&e.b, text)
 	e.close(name)
+}
+
+// escapeText writes s as XML character data: text with nothing to escape
+// (ids, CIDRs, states: nearly all of a Describe response) is copied as it
+// is; anything else goes through encoding/xml's escaper.
+func escapeText(b *bytes.Buffer, s string) {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '&' || c == '<' || c == '>' || c == '"' || c == '\'' {
+			_ = xml.EscapeText(b, []byte(s))
+			return
+		}
+	}
+	b.WriteString(s)
+}
+
+// memberPlan is how one member of a structure shape is written from one Go
+// struct type: its element name and where its field is.
+type memberPlan struct {
+	wire  string
+	ref   *awsmodel.Ref
+	shape *awsmodel.Shape
+	index []int
+}
+
+type planKey struct {
+	shape *awsmodel.Shape
+	typ   reflect.Type
+}
+
+// plans caches, per shape and Go type, the members in wire order with their
+// field indexes: found once instead of by name for every value written.
+var plans sync.Map // planKey → []memberPlan
+
+func (e *encoder) plan(s *awsmodel.Shape, t reflect.Type) []memberPlan {
+	key := planKey{s, t}
+	if p, ok := plans.Load(key); ok {
+		return p.([]memberPlan)
+	}
+	names := make([]string, 0, len(s.Members))
+	for n := range s.Members {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]memberPlan, 0, len(names))
+	for _, name := range names {
+		ref := s.Members[name]
+		if ref.Location != "" && ref.Location != "body" {
+			continue
+		}
+		index, ok := fieldIndex(t, name)
+		if !ok {
+			continue
+		}
+		out = append(out, memberPlan{wire: e.memberName(name, ref), ref: ref, shape: e.m.Shape(ref.Shape), index: index})
+	}
+	plans.Store(key, out)
+	return out
 }
 
 func (e *encoder) memberName(name string, ref *awsmodel.Ref) string {
@@ -89,25 +157,15 @@ func (e *encoder) memberName(name string, ref *awsmodel.Ref) string {
 // members writes the members of structure s from v. At the top level of a
 // response, lists are written even when empty, as AWS writes <vpcSet/>.
 func (e *encoder) members(s *awsmodel.Shape, v reflect.Value, top bool) error {
-	names := make([]string, 0, len(s.Members))
-	for n := range s.Members {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		ref := s.Members[name]
-		if ref.Location != "" && ref.Location != "body" {
-			continue
+	for _, p := range e.plan(s, v.Type()) {
+		f, err := v.FieldByIndexErr(p.index)
+		if err != nil {
+			continue // a nil embedded pointer: nothing to write
 		}
-		f := field(v, name)
-		if !f.IsValid() {
-			continue
-		}
-		ms := e.m.Shape(ref.Shape)
-		if ms.Type == "list" && top && f.Kind() == reflect.Slice && f.IsNil() {
+		if p.shape.Type == "list" && top && f.Kind() == reflect.Slice && f.IsNil() {
 			f = reflect.MakeSlice(f.Type(), 0, 0)
 		}
-		if err := e.value(e.memberName(name, ref), ref, f); err != nil {
+		if err := e.value(p.wire, p.ref, f); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/godbus/dbus/v5"
+
 	"hangar.dev/hangar/services/internal/api"
 	"hangar.dev/hangar/services/internal/busutil"
 	"hangar.dev/hangar/services/internal/creds"
@@ -45,8 +47,23 @@ func cmdStatus(args []string) error {
 	for _, svc := range api.Services {
 		var owner string
 		if err := conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, svc.Name).Store(&owner); err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\tnot running (%s has no owner)\n", svc.Unit, "absent", svc.Name)
-			if svc.Name == api.Gateway.Name {
+			// Not on the bus: say what systemd knows of its unit, when
+			// there is a systemd (there is none under hangar dev).
+			u, uerr := unitState(ctx, conn, svc.Unit)
+			switch {
+			case uerr != nil:
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\tnot running (%s has no owner)\n", svc.Unit, "absent", svc.Name)
+				if svc.Name == api.Gateway.Name {
+					healthy = false
+				}
+			case u.load != "loaded":
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\tnot in this image\n", svc.Unit, "absent")
+			default:
+				detail := u.status
+				if detail == "" {
+					detail = fmt.Sprintf("%s has no owner; journalctl -u %s", svc.Name, svc.Unit)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\t%s\n", svc.Unit, u.active+" ("+u.sub+")", detail)
 				healthy = false
 			}
 			continue
@@ -93,6 +110,33 @@ func cmdStatus(args []string) error {
 		return fmt.Errorf("the host is not healthy")
 	}
 	return nil
+}
+
+type unit struct{ load, active, sub, status string }
+
+// unitState asks systemd (org.freedesktop.systemd1) for a unit's state and
+// the STATUS= line its service last sent.
+func unitState(ctx context.Context, conn *dbus.Conn, name string) (unit, error) {
+	const dest = "org.freedesktop.systemd1"
+	var path dbus.ObjectPath
+	if err := conn.Object(dest, "/org/freedesktop/systemd1").CallWithContext(ctx, "org.freedesktop.systemd1.Manager.LoadUnit", 0, name).Store(&path); err != nil {
+		return unit{}, err
+	}
+	obj := conn.Object(dest, path)
+	prop := func(iface, p string) string {
+		v, err := obj.GetProperty(iface + "." + p)
+		if err != nil {
+			return ""
+		}
+		s, _ := v.Value().(string)
+		return s
+	}
+	return unit{
+		load:   prop("org.freedesktop.systemd1.Unit", "LoadState"),
+		active: prop("org.freedesktop.systemd1.Unit", "ActiveState"),
+		sub:    prop("org.freedesktop.systemd1.Unit", "SubState"),
+		status: prop("org.freedesktop.systemd1.Service", "StatusText"),
+	}, nil
 }
 
 func formatCounts(c map[string]uint32) string {

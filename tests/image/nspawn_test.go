@@ -342,6 +342,11 @@ func TestNspawn(t *testing.T) {
 		if !strings.Contains(out, "CredentialsMissing: /etc/hangar/credentials cannot be parsed") {
 			t.Errorf("hangar status does not name the credentials:\n%s", out)
 		}
+		// The service line shows systemd's view of the unit, not just "absent".
+		if !regexp.MustCompile(`hangar-gateway\.service\s+(failed|activating)`).MatchString(out) {
+			t.Errorf("hangar status does not show the gateway's unit failing:\n%s", out)
+		}
+		t.Logf("hangar status without credentials:\n%s", out)
 		// Removing the broken file lets first boot make a key again.
 		c.must("rm", "/etc/hangar/credentials")
 		c.must("systemctl", "reset-failed", "hangar-gateway.service")

@@ -240,7 +240,7 @@ func QEMUArgs(l Launch) ([]string, error) {
 		"-name", "guest=" + s.ID + ",debug-threads=on",
 		"-nodefaults", "-no-user-config",
 		"-machine", "q35",
-		"-accel", l.Accel,
+		"-accel", accelArg(l.Accel),
 		"-cpu", map[string]string{AccelKVM: "host", AccelTCG: "max"}[l.Accel],
 		"-smp", fmt.Sprint(s.VCPUs),
 		"-m", fmt.Sprintf("%dM", s.MemoryMiB),
@@ -306,6 +306,18 @@ func QEMUArgs(l Launch) ([]string, error) {
 		}
 	}
 	return a, nil
+}
+
+// TCGCacheMiB caps TCG's translated-code cache. QEMU's default (1 GiB)
+// fills up during one Linux boot and would count against the unit's
+// MemoryMax; 128 MiB keeps a TCG guest inside its head room.
+const TCGCacheMiB = 128
+
+func accelArg(accel string) string {
+	if accel == AccelTCG {
+		return fmt.Sprintf("tcg,tb-size=%d", TCGCacheMiB)
+	}
+	return accel
 }
 
 // deviceArg renders a device map as -device's key=value list, driver

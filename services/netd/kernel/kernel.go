@@ -195,7 +195,9 @@ func (k *Linux) EnsureVPCBase(ns string, dns netip.Addr) error {
 				return err
 			}
 		}
-		return ensureRule(&netlink.Rule{Priority: rulePrioMain, Table: unix.RT_TABLE_MAIN, SuppressPrefixlen: 0})
+		r := netlink.NewRule()
+		r.Priority, r.Table, r.SuppressPrefixlen = rulePrioMain, unix.RT_TABLE_MAIN, 0
+		return ensureRule(r)
 	})
 }
 
@@ -521,7 +523,9 @@ func (k *Linux) SetRoutes(ns string, via netip.Addr, routes []SubnetRoutes) erro
 			if have[src] {
 				continue
 			}
-			if err := ensureRule(&netlink.Rule{Priority: rulePrioSubnet, Table: table, Src: ipnet(netip.MustParsePrefix(src)), SuppressPrefixlen: -1}); err != nil {
+			r := netlink.NewRule()
+			r.Priority, r.Table, r.Src = rulePrioSubnet, table, ipnet(netip.MustParsePrefix(src))
+			if err := ensureRule(r); err != nil {
 				return err
 			}
 		}

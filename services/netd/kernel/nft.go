@@ -146,7 +146,7 @@ func (r rb) jump(chain string) rb {
 func (r rb) snat(t expr.NATType, to netip.Addr) rb {
 	return append(r,
 		&expr.Immediate{Register: 1, Data: to.AsSlice()},
-		&expr.NAT{Type: t, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, Specified: true})
+		&expr.NAT{Type: t, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1})
 }
 
 func (r rb) masq() rb { return append(r, &expr.Masq{}) }
@@ -224,11 +224,21 @@ func (k *Linux) ApplyFilter(ns string, plan core.FilterPlan) error {
 	}
 	// A packet from a subnet whose source is no interface's is spoofed.
 	add(c, t, fwd, rb{}.iifPrefix("hb-", true).inSet(12, sets["interfaces"], true).counter().verdict(expr.VerdictDrop))
+	// Every sender's egress check comes before any receiver's ingress:
+	// an ingress accept is final, so it must not skip the sender's check.
+	outs, ins := map[string]*nftables.Chain{}, map[string]*nftables.Chain{}
 	for _, e := range plan.ENIs {
-		out := c.AddChain(&nftables.Chain{Name: "out-" + e.EniID, Table: t})
-		inc := c.AddChain(&nftables.Chain{Name: "in-" + e.EniID, Table: t})
-		add(c, t, fwd, rb{}.saddr(host(e.IP)).jump(out.Name))
-		add(c, t, fwd, rb{}.daddr(host(e.IP)).jump(inc.Name))
+		outs[e.EniID] = c.AddChain(&nftables.Chain{Name: "out-" + e.EniID, Table: t})
+		ins[e.EniID] = c.AddChain(&nftables.Chain{Name: "in-" + e.EniID, Table: t})
+	}
+	for _, e := range plan.ENIs {
+		add(c, t, fwd, rb{}.saddr(host(e.IP)).jump(outs[e.EniID].Name))
+	}
+	for _, e := range plan.ENIs {
+		add(c, t, fwd, rb{}.daddr(host(e.IP)).jump(ins[e.EniID].Name))
+	}
+	for _, e := range plan.ENIs {
+		out, inc := outs[e.EniID], ins[e.EniID]
 		for _, m := range e.Egress {
 			if r, ok := (rb{}).match(m, 16, sets); ok {
 				add(c, t, out, r.verdict(expr.VerdictReturn))
@@ -375,7 +385,9 @@ func (k *Linux) ApplyHost(plan HostPlan) error {
 	for _, p := range plan.Protected {
 		add(c, t, fwd, rb{}.iifPrefix(vp, true).daddr(p).counter().verdict(expr.VerdictDrop))
 	}
-	add(c, t, fwd, rb{}.daddr(core.TransitPool()).oifPrefix(vp, true).counter().verdict(expr.VerdictDrop))
+	// One VPC never reaches another's transit address (and through it
+	// that VPC's router).
+	add(c, t, fwd, rb{}.iifPrefix(vp, true).daddr(core.TransitPool()).counter().verdict(expr.VerdictDrop))
 	add(c, t, post, rb{}.saddr(core.TransitPool()).oifPrefix(vp, false).masq())
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("applying the host table %s: %w", hostTable, err)

@@ -66,13 +66,18 @@ func StartDNS(k Netns, ns string, addrs []netip.Addr, zone ZoneFunc, upstreams [
 // Close stops every listener and waits.
 func (d *DNS) Close() {
 	for _, s := range d.servers {
-		if s.PacketConn != nil {
-			_ = s.PacketConn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.ShutdownContext(ctx)
+		cancel()
+		if err != nil {
+			// Never started, or stuck: close the sockets regardless.
+			if s.PacketConn != nil {
+				_ = s.PacketConn.Close()
+			}
+			if s.Listener != nil {
+				_ = s.Listener.Close()
+			}
 		}
-		if s.Listener != nil {
-			_ = s.Listener.Close()
-		}
-		_ = s.Shutdown()
 	}
 	d.wg.Wait()
 }

@@ -15,11 +15,12 @@ PROGRAMS := \
 	hangar=./services/hangarctl \
 	hangar-firstboot=./services/firstboot \
 	hangar-gateway=./services/gateway \
+	hangar-netd=./services/netd \
 	hangar-ebsd=./services/ebsd \
 	hangar-vmd=./services/vmd
 
 # Debian packages the tests drive for real (aws CLI, D-Bus, QEMU, …).
-TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils openssh-client openssl putty-tools
+TEST_DEBS := awscli dbus-daemon dbus-bin qemu-utils openssh-client openssl putty-tools iproute2 nftables udhcpc dnsutils curl
 
 .PHONY: all build test vet unit fuzz bench run deps clean generate image test-image dev image-ami
 

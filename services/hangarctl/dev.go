@@ -42,6 +42,10 @@ type devService struct {
 // others) and stopped in reverse. A service whose binary is missing from
 // the bin directory is skipped with a line saying so.
 var devServices = []devService{
+	// netd makes network namespaces and nftables rules: it needs root.
+	{name: "netd", binary: "hangar-netd", root: true, args: func(e *devEnv) []string {
+		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("netd"), "--runtime-dir", e.runtimeDir("netd")}
+	}},
 	{name: "ebs", binary: "hangar-ebsd", args: func(e *devEnv) []string {
 		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("ebs"), "--runtime-dir", e.runtimeDir("ebs")}
 	}},

@@ -486,6 +486,9 @@ func TestNetd(t *testing.T) {
 		if out := sh(t, "ip", "-n", w.hostNS, "route"); strings.Contains(out, "192.0.2.50") {
 			t.Errorf("public IP route left:\n%s", out)
 		}
+		if out := mustNS(t, w.hostNS, "nft", "list", "tables"); strings.Contains(out, "hangar-netd") {
+			t.Errorf("netd's host table is left with no VPC:\n%s", out)
+		}
 	})
 }
 

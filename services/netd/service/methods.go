@@ -69,7 +69,7 @@ func (s *Service) deleteVPCLocked(v *core.VPC) error {
 	for eni := range v.Interfaces {
 		delete(s.md, eni)
 	}
-	if err := s.applyHost(); err != nil {
+	if err := s.applyHostOrClear(); err != nil {
 		s.log.Warn("applying host rules", "err", err)
 	}
 	if s.Changed != nil {

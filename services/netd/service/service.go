@@ -42,6 +42,7 @@ type Kernel interface {
 	SetRoutes(ns string, via netip.Addr, routes []kernel.SubnetRoutes) error
 	ApplyFilter(ns string, plan core.FilterPlan) error
 	ApplyHost(plan kernel.HostPlan) error
+	DeleteHost() error
 	OpenTap(ns, name string) (*os.File, error)
 }
 
@@ -133,6 +134,9 @@ func (s *Service) Start() error {
 	if err := s.cleanHostLinks(); err != nil {
 		s.log.Warn("cleaning host links", "err", err)
 	}
+	if len(s.st.VPCs) == 0 {
+		return nil
+	}
 	for _, id := range core.SortedIDs(s.st.VPCs) {
 		v := s.st.VPCs[id]
 		if err := s.converge(nil, v, true); err != nil {
@@ -140,6 +144,19 @@ func (s *Service) Start() error {
 			continue
 		}
 		s.log.Info("restored VPC", "vpc", id, "namespace", v.Namespace(), "subnets", len(v.Subnets), "interfaces", len(v.Interfaces))
+	}
+	return s.applyHost()
+}
+
+// applyHostOrClear applies the host plan while any VPC exists, and removes
+// netd's host table once none does, so a host without VPCs holds nothing
+// of netd's.
+func (s *Service) applyHostOrClear() error {
+	if len(s.st.VPCs) == 0 {
+		if err := s.k.ApplyHost(kernel.HostPlan{Pool: s.cfg.PublicPool}); err != nil {
+			return err
+		}
+		return s.k.DeleteHost()
 	}
 	return s.applyHost()
 }

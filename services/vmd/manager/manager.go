@@ -643,8 +643,33 @@ func (m *Manager) connect(ctx context.Context, in *instance, gen int, patience t
 	case status.Status == "shutdown":
 		// the guest powered off while nobody listened; QEMU exits next
 	}
+	m.finishDetaches(ctx, in)
 	m.observer().InstanceChanged(m.info(in), false)
 	return nil
+}
+
+// finishDetaches settles volumes left detaching, e.g. when the guest let go
+// while vmd was not running and the DEVICE_DELETED event was lost: asking
+// again either finds the device gone (then its backend is removed) or
+// re-sends the unplug request, whose event the new monitor will see.
+// in.mu is held.
+func (m *Manager) finishDetaches(ctx context.Context, in *instance) {
+	for i := range in.rec.Volumes {
+		v := &in.rec.Volumes[i]
+		if v.State != api.DiskDetaching || in.mon == nil {
+			continue
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := in.mon.Execute(qctx, "device_del", map[string]any{"id": core.DeviceID(v.Disk.ID)}, nil)
+		if err != nil && strings.Contains(err.Error(), "not found") {
+			_ = in.mon.Execute(qctx, "blockdev-del", map[string]any{"node-name": core.NodeName(v.Disk.ID)}, nil)
+			v.State = api.DiskDetached
+			m.observer().VolumeChanged(in.rec.Spec.ID, v.Disk.ID, api.DiskDetached)
+		}
+		cancel()
+	}
+	in.rec.Volumes = keepAttached(in.rec.Volumes)
+	m.save(in)
 }
 
 // watch handles one monitor's events until it closes.

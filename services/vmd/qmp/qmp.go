@@ -7,7 +7,6 @@ package qmp
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -149,18 +148,4 @@ func (m *monitor) Execute(ctx context.Context, command string, args any, out any
 		_ = m.Close()
 		return fmt.Errorf("qmp %s: %w", command, ctx.Err())
 	}
-}
-
-// IsCommandError reports whether err is an error QEMU answered with (as
-// opposed to a broken connection).
-func IsCommandError(err error) bool {
-	var ce *CommandError
-	if !errors.As(err, &ce) {
-		return false
-	}
-	// go-qemu reports QEMU's {"error": …} replies as *qmp.Error? It returns
-	// a plain error built from the reply's desc; a closed connection shows
-	// up as a JSON decode failure of an empty reply.
-	var se *json.SyntaxError
-	return !errors.As(ce.Err, &se) && ce.Err.Error() != "unexpected end of JSON input"
 }

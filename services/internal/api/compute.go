@@ -186,7 +186,7 @@ type InstanceSpec struct {
 type InstanceDisk struct {
 	ID         string // vol-0123…; the guest sees it as NVMe serial vol0123…
 	Socket     string // /run/hangar/ebs/vol-0123….sock
-	Export     string // NBD export name; empty for the default export
+	Export     string // NBD export name: ebsd names exports by volume id; empty for a server's default export
 	DeviceName string // EC2 device name as the API shows it (/dev/sdf)
 	ReadOnly   bool
 }

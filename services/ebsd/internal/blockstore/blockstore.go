@@ -87,7 +87,15 @@ func (s *Store) Has(h string) bool {
 // it) durably: written to a temporary file, fsynced, renamed into place and
 // the directory fsynced. It reports whether the block was new. The caller
 // must hold a Pin on h.
-func (s *Store) Put(h string, data []byte) (bool, error) {
+func (s *Store) Put(h string, data []byte) (bool, error) { return s.put(h, data, true) }
+
+// PutNoDirSync is Put without the directory fsync, for a caller that
+// fsyncs a file on the same filesystem afterwards before acknowledging:
+// ext4 and XFS commit metadata in order, so that later fsync makes the
+// rename durable too.
+func (s *Store) PutNoDirSync(h string, data []byte) (bool, error) { return s.put(h, data, false) }
+
+func (s *Store) put(h string, data []byte, dirSync bool) (bool, error) {
 	final := s.Path(h)
 	if _, err := os.Stat(final); err == nil {
 		return false, nil
@@ -117,8 +125,10 @@ func (s *Store) Put(h string, data []byte) (bool, error) {
 		_ = os.Remove(tmp)
 		return false, fmt.Errorf("writing block %s: %w", h, werr)
 	}
-	if err := syncDir(dir); err != nil {
-		return false, err
+	if dirSync {
+		if err := syncDir(dir); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }

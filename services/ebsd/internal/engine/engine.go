@@ -75,6 +75,8 @@ type pendingSnapshot struct {
 	entries  map[uint64]string
 	journal  *os.File
 	deadline time.Time
+	// group commit of the journal: lines written and lines known synced
+	written, synced uint64
 	// progress of a volume capture
 	done, total uint64
 }
@@ -964,7 +966,8 @@ func (e *Engine) PutBlock(snapID string, index uint64, data []byte, checksum str
 	}
 	h := hex.EncodeToString(sum[:])
 	e.blocks.Pin(h)
-	if _, err := e.blocks.Put(h, data); err != nil {
+	// The journal fsync below also makes the block's rename durable.
+	if _, err := e.blocks.PutNoDirSync(h, data); err != nil {
 		e.blocks.Unpin(h)
 		return capacity(err, fmt.Sprintf("storing block %d of %s", index, snapID))
 	}
@@ -977,9 +980,11 @@ func (e *Engine) PutBlock(snapID string, index uint64, data []byte, checksum str
 	old, had := p.entries[index]
 	p.entries[index] = h
 	_, jerr := fmt.Fprintf(p.journal, "%d %s\n", index, h)
+	p.written++
+	mine := p.written
 	p.mu.Unlock()
 	if jerr == nil {
-		jerr = p.journal.Sync()
+		jerr = p.syncJournal(mine)
 	}
 	if jerr != nil {
 		return capacity(jerr, "journaling block "+fmt.Sprint(index))
@@ -990,6 +995,29 @@ func (e *Engine) PutBlock(snapID string, index uint64, data []byte, checksum str
 	} else if had {
 		e.blocks.Unpin(h)
 	}
+	return nil
+}
+
+// syncJournal makes journal line n durable.
+func (p *pendingSnapshot) syncJournal(n uint64) error {
+	p.mu.Lock()
+	covered := p.synced >= n
+	target := p.written
+	p.mu.Unlock()
+	if covered {
+		return nil
+	}
+	// fsyncs run in parallel (the filesystem batches them into one
+	// journal commit); a line an fsync that started after it covered needs
+	// no fsync of its own.
+	if err := p.journal.Sync(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if target > p.synced {
+		p.synced = target
+	}
+	p.mu.Unlock()
 	return nil
 }
 

@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -37,12 +39,13 @@ func main() {
 		runtimeDir = flag.String("runtime-dir", envOr("RUNTIME_DIRECTORY", "/run/hangar/netd"), "directory for runtime files")
 		tapUser    = flag.String("tap-user", "root", "user (name or uid) that owns the taps, so vmd can open them")
 		tapGroup   = flag.String("tap-group", "root", "group (name or gid) that owns the taps")
+		dev        = flag.Bool("dev", false, "development host (hangar dev): name the host table after the state dir, and remove every namespace, link and rule on exit (the state file stays, so the next start rebuilds them)")
 	)
 	flag.Parse()
 	log := logging.New("hangar-netd")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, log, *configPath, *stateDir, *runtimeDir, *tapUser, *tapGroup); err != nil {
+	if err := run(ctx, log, *configPath, *stateDir, *runtimeDir, *tapUser, *tapGroup, *dev); err != nil {
 		log.Error("hangar-netd failed", "err", err)
 		sdnotify.Status("failed: %v", err)
 		os.Exit(1)
@@ -78,7 +81,7 @@ func lookupID(name string, group bool) (uint32, error) {
 	return uint32(n), err
 }
 
-func run(ctx context.Context, log *slog.Logger, configPath, stateDir, runtimeDir, tapUser, tapGroup string) error {
+func run(ctx context.Context, log *slog.Logger, configPath, stateDir, runtimeDir, tapUser, tapGroup string, dev bool) error {
 	cfg, err := hostconf.Load(configPath)
 	if err != nil {
 		return err
@@ -97,6 +100,13 @@ func run(ctx context.Context, log *slog.Logger, configPath, stateDir, runtimeDir
 	k, err := kernel.New()
 	if err != nil {
 		return err
+	}
+	if dev {
+		// Several development hosts (and tests) may share one machine:
+		// each keeps its own host table.
+		abs, _ := filepath.Abs(stateDir)
+		sum := sha256.Sum256([]byte(abs))
+		k.HostTable = kernel.DefaultHostTable + "-" + hex.EncodeToString(sum[:4])
 	}
 	uplink := cfg.UplinkInterface
 	if uplink == "" {
@@ -146,6 +156,11 @@ func run(ctx context.Context, log *slog.Logger, configPath, stateDir, runtimeDir
 	log.Info("ready", "vpcs", len(svc.ListVPCs()), "uplink", uplink, "region", cfg.Region, "tap_uid", uid, "tap_gid", gid)
 	<-ctx.Done()
 	sdnotify.Stopping()
+	if dev {
+		log.Info("stopping a development host; removing its namespaces and rules")
+		svc.Close()
+		return svc.Teardown()
+	}
 	log.Info("stopping; kernel state stays for the guests")
 	return nil
 }

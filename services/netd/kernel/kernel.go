@@ -48,6 +48,8 @@ type Owner struct {
 // Linux is the real kernel.
 type Linux struct {
 	host netns.NsHandle // the namespace netd started in: the "host"
+	// HostTable names netd's nftables table in the host namespace.
+	HostTable string
 }
 
 // New remembers the calling thread's namespace as the host namespace.
@@ -58,7 +60,7 @@ func New() (*Linux, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netd's own network namespace: %w", err)
 	}
-	return &Linux{host: h}, nil
+	return &Linux{host: h, HostTable: DefaultHostTable}, nil
 }
 
 // In runs fn on a thread that is inside the named namespace. Sockets fn

@@ -18,8 +18,9 @@ import (
 // "hangar"; in the host namespace netd shares the stack with the operator's
 // own rules and keeps to its one table.
 const (
-	vpcTable  = "hangar"
-	hostTable = "hangar-netd"
+	vpcTable = "hangar"
+	// DefaultHostTable is netd's table in the host namespace.
+	DefaultHostTable = "hangar-netd"
 )
 
 // rb builds one rule's expressions.
@@ -360,6 +361,9 @@ type HostPlan struct {
 	// Pool is PUBLIC_IP_POOL: proxy ARP entries in it that no public IP
 	// accounts for are stale and removed.
 	Pool []netip.Prefix
+	// Veths are the host ends of this netd's uplinks: only routes through
+	// them are netd's to remove.
+	Veths []string
 }
 
 // ApplyHost replaces netd's host table: what leaves a VPC is masqueraded
@@ -374,7 +378,7 @@ func (k *Linux) ApplyHost(plan HostPlan) error {
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
-	t := replaceTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: hostTable})
+	t := replaceTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: k.HostTable})
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
@@ -390,7 +394,7 @@ func (k *Linux) ApplyHost(plan HostPlan) error {
 	add(c, t, fwd, rb{}.iifPrefix(vp, true).daddr(core.TransitPool()).counter().verdict(expr.VerdictDrop))
 	add(c, t, post, rb{}.saddr(core.TransitPool()).oifPrefix(vp, false).masq())
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("applying the host table %s: %w", hostTable, err)
+		return fmt.Errorf("applying the host table %s: %w", k.HostTable, err)
 	}
 	return k.applyPublicIPs(plan)
 }
@@ -401,7 +405,7 @@ func (k *Linux) DeleteHost() error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: hostTable}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: k.HostTable}
 	c.AddTable(t)
 	c.DelTable(t)
 	return c.Flush()

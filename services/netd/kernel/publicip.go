@@ -31,10 +31,14 @@ func (k *Linux) applyPublicIPs(plan HostPlan) error {
 	for _, l := range links {
 		nameOf[l.Attrs().Index] = l.Attrs().Name
 	}
+	own := map[string]bool{}
+	for _, v := range plan.Veths {
+		own[v] = true
+	}
 	haveRoute := map[netip.Addr]bool{}
 	for _, r := range routes {
 		dev := nameOf[r.LinkIndex]
-		if !strings.HasPrefix(dev, core.HostVethPrefix) || r.Dst == nil {
+		if !strings.HasPrefix(dev, core.HostVethPrefix) || !own[dev] || r.Dst == nil {
 			continue
 		}
 		ones, _ := r.Dst.Mask.Size()

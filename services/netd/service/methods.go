@@ -45,8 +45,14 @@ func (s *Service) DeleteVPC(vpcID string) error {
 	defer s.mu.Unlock()
 	v := s.st.VPCs[vpcID]
 	if v == nil {
-		// Idempotent: a namespace left by an earlier failed delete goes too.
-		return s.k.DeleteNamespace(core.NamespaceName(vpcID))
+		// Idempotent: what an earlier failed delete left goes too, if
+		// it is netd's.
+		owned := false
+		_ = s.db.View(func(tx *store.Tx) error { owned = tx.Has(bucketOwned, vpcID); return nil })
+		if owned {
+			return s.removeKernel(vpcID)
+		}
+		return nil
 	}
 	if ids := core.SortedIDs(v.Interfaces); len(ids) > 0 {
 		return inUse("%s still has network interfaces (%s)", vpcID, ids[0])
@@ -55,12 +61,9 @@ func (s *Service) DeleteVPC(vpcID string) error {
 }
 
 func (s *Service) deleteVPCLocked(v *core.VPC) error {
-	s.stopRuntime(v.ID)
-	if err := s.k.DeleteNamespace(v.Namespace()); err != nil {
+	if err := s.removeKernel(v.ID); err != nil {
 		return err
 	}
-	// The host end of the uplink dies with its peer; make sure.
-	_ = s.k.DeleteLink("", core.HostVethName(v.ID))
 	if err := s.db.Update(func(tx *store.Tx) error { return tx.Delete(bucketVPC, v.ID) }); err != nil {
 		return fmt.Errorf("forgetting %s: %w", v.ID, err)
 	}

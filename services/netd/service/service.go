@@ -115,24 +115,31 @@ func New(cfg Config, k Kernel, db *store.DB, start Starters, log *slog.Logger) (
 // re-creating what did not, removing what no VPC accounts for) and starts
 // its servers. A VPC that fails is logged and reported by Problems; the
 // others still run.
+//
+// Only objects netd recorded as its own before creating them are ever
+// removed: another netd on the same machine (a second `hangar dev`, a
+// test) keeps its namespaces.
 func (s *Service) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	nss, err := s.k.Namespaces()
+	var owned []string
+	err := s.db.View(func(tx *store.Tx) error {
+		return tx.Each(bucketOwned, "", func(id string, _ func(any) error) (bool, error) {
+			owned = append(owned, id)
+			return true, nil
+		})
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("reading owned namespaces: %w", err)
 	}
-	for _, ns := range nss {
-		id, _ := core.VPCFromNamespace(ns)
-		if s.st.VPCs[id] == nil {
-			s.log.Info("removing a VPC namespace no VPC accounts for", "namespace", ns)
-			if err := s.k.DeleteNamespace(ns); err != nil {
-				s.log.Warn("removing stale namespace", "namespace", ns, "err", err)
-			}
+	for _, id := range owned {
+		if s.st.VPCs[id] != nil {
+			continue
 		}
-	}
-	if err := s.cleanHostLinks(); err != nil {
-		s.log.Warn("cleaning host links", "err", err)
+		s.log.Info("removing what netd made for a VPC it no longer holds", "vpc", id, "namespace", core.NamespaceName(id))
+		if err := s.removeKernel(id); err != nil {
+			s.log.Warn("removing stale VPC objects", "vpc", id, "err", err)
+		}
 	}
 	if len(s.st.VPCs) == 0 {
 		return nil
@@ -148,36 +155,48 @@ func (s *Service) Start() error {
 	return s.applyHost()
 }
 
-// applyHostOrClear applies the host plan while any VPC exists, and removes
-// netd's host table once none does, so a host without VPCs holds nothing
-// of netd's.
-func (s *Service) applyHostOrClear() error {
-	if len(s.st.VPCs) == 0 {
-		if err := s.k.ApplyHost(kernel.HostPlan{Pool: s.cfg.PublicPool}); err != nil {
-			return err
-		}
-		return s.k.DeleteHost()
-	}
-	return s.applyHost()
+// bucketOwned records, before they are created, the VPCs whose namespace
+// and host veth netd makes, so it removes only its own objects.
+const bucketOwned = "owned"
+
+func (s *Service) own(vpcID string) error {
+	return s.db.Update(func(tx *store.Tx) error {
+		return tx.Put(bucketOwned, vpcID, map[string]string{"namespace": core.NamespaceName(vpcID), "host_veth": core.HostVethName(vpcID)})
+	})
 }
 
-// cleanHostLinks removes host-side veths whose VPC is not held (their
-// namespace was deleted by hand, or a create failed half-way).
-func (s *Service) cleanHostLinks() error {
-	links, err := s.k.Links("")
-	if err != nil {
+// removeKernel deletes a VPC's namespace and host veth, then forgets them.
+func (s *Service) removeKernel(vpcID string) error {
+	s.stopRuntime(vpcID)
+	if err := s.k.DeleteNamespace(core.NamespaceName(vpcID)); err != nil {
 		return err
 	}
-	for _, l := range links {
-		id, ok := core.AliasID(l.Alias)
-		if !ok || s.st.VPCs[id] != nil {
-			continue
-		}
-		if err := s.k.DeleteLink("", l.Name); err != nil {
-			return err
+	// The host end of the uplink dies with its peer; make sure.
+	if err := s.k.DeleteLink("", core.HostVethName(vpcID)); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *store.Tx) error { return tx.Delete(bucketOwned, vpcID) })
+}
+
+// Teardown removes every namespace, link and rule netd made, keeping its
+// state file: the next start builds them again. `hangar dev` stops netd
+// this way, so a development host leaves nothing in the machine.
+func (s *Service) Teardown() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, id := range core.SortedIDs(s.st.VPCs) {
+		if err := s.removeKernel(id); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	if err := s.k.ApplyHost(kernel.HostPlan{Pool: s.cfg.PublicPool}); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.k.DeleteHost(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Close stops every server. Kernel state stays: guests keep their network
@@ -224,6 +243,11 @@ func (s *Service) converge(old, nv *core.VPC, full bool) (err error) {
 			}
 		}
 	}()
+	if old == nil {
+		if err := s.own(nv.ID); err != nil {
+			return err
+		}
+	}
 	created, err := s.k.EnsureNamespace(ns)
 	if err != nil {
 		return err
@@ -372,6 +396,7 @@ func (s *Service) applyHost() error {
 	plan := kernel.HostPlan{Protected: s.cfg.Protected, Pool: s.cfg.PublicPool}
 	for _, id := range core.SortedIDs(s.st.VPCs) {
 		v := s.st.VPCs[id]
+		plan.Veths = append(plan.Veths, core.HostVethName(id))
 		if v.IGW == "" {
 			continue
 		}
@@ -427,4 +452,17 @@ func (s *Service) change(vpcID string, fn func(v *core.VPC) error) error {
 		return err
 	}
 	return s.commit(old, nv)
+}
+
+// applyHostOrClear applies the host plan while any VPC exists, and removes
+// netd's host table once none does, so a host without VPCs holds nothing
+// of netd's.
+func (s *Service) applyHostOrClear() error {
+	if len(s.st.VPCs) == 0 {
+		if err := s.k.ApplyHost(kernel.HostPlan{Pool: s.cfg.PublicPool}); err != nil {
+			return err
+		}
+		return s.k.DeleteHost()
+	}
+	return s.applyHost()
 }

@@ -256,8 +256,16 @@ func TestRestartConverges(t *testing.T) {
 	delete(k.ns[ns], core.TapName(eni))
 	k.ns[ns]["ht-stale"] = kernel.Link{Name: "ht-stale", Alias: core.Alias("eni-0000000000000dead"), Kind: "tuntap"}
 	k.ns[ns]["operator0"] = kernel.Link{Name: "operator0", Kind: "dummy"}
+	// Another netd's namespace (not recorded as ours) is left alone; one
+	// netd made for a VPC whose record is gone (a crash between creating
+	// and saving) is removed with its host veth.
 	k.ns[core.NamespaceName("vpc-0000000000000dead")] = map[string]kernel.Link{}
-	k.ns[""]["hv-stale"] = kernel.Link{Name: "hv-stale", Alias: core.Alias("vpc-0000000000000dead"), Kind: "veth"}
+	stale := "vpc-0000000000000beef"
+	if err := s.own(stale); err != nil {
+		t.Fatal(err)
+	}
+	k.ns[core.NamespaceName(stale)] = map[string]kernel.Link{}
+	k.ns[""][core.HostVethName(stale)] = kernel.Link{Name: core.HostVethName(stale), Alias: core.Alias(stale), Kind: "veth"}
 
 	s.db.Close()
 	s2, closed := newTestService(t, k, dir)
@@ -267,11 +275,14 @@ func TestRestartConverges(t *testing.T) {
 	if got, wantAll := linkNames(k, ns), strings.Join(sortedFields(want+" operator0"), " "); got != wantAll {
 		t.Fatalf("after restart links are %q, want %q", got, wantAll)
 	}
-	if k.ns[core.NamespaceName("vpc-0000000000000dead")] != nil {
-		t.Error("a namespace of an unknown VPC survived the restart")
+	if k.ns[core.NamespaceName("vpc-0000000000000dead")] == nil {
+		t.Error("another netd's namespace was removed")
 	}
-	if _, ok := k.ns[""]["hv-stale"]; ok {
-		t.Error("a host veth of an unknown VPC survived the restart")
+	if k.ns[core.NamespaceName(stale)] != nil {
+		t.Error("a namespace netd made for a VPC it no longer holds survived the restart")
+	}
+	if _, ok := k.ns[""][core.HostVethName(stale)]; ok {
+		t.Error("a host veth netd made for a VPC it no longer holds survived the restart")
 	}
 	if l, ok := s2.Lease(vpc, sn, "02:00:00:00:00:01"); !ok || l.IP.String() != "10.0.1.10" {
 		t.Errorf("lease after restart: %+v %v", l, ok)

@@ -43,8 +43,10 @@ type devService struct {
 // the bin directory is skipped with a line saying so.
 var devServices = []devService{
 	// netd makes network namespaces and nftables rules: it needs root.
+	// --dev removes them when dev stops (and rebuilds them at the next
+	// start from its state), so a development host leaves nothing behind.
 	{name: "netd", binary: "hangar-netd", root: true, args: func(e *devEnv) []string {
-		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("netd"), "--runtime-dir", e.runtimeDir("netd")}
+		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("netd"), "--runtime-dir", e.runtimeDir("netd"), "--dev"}
 	}},
 	{name: "ebs", binary: "hangar-ebsd", args: func(e *devEnv) []string {
 		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("ebs"), "--runtime-dir", e.runtimeDir("ebs")}

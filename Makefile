@@ -98,7 +98,8 @@ test-image:
 # run: boot the image in QEMU with the API on 127.0.0.1:4566 (image/run).
 RUN_DIR ?= $(CURDIR)/.hangar-run
 run: image
-	$(GO) run ./image/run --image $(IMAGE_OUT) --state-dir $(RUN_DIR) --listen 127.0.0.1:4566
+	@$(GO) build -o $(IMAGE_OUT)/hangar-run ./image/run
+	$(IMAGE_OUT)/hangar-run --image $(IMAGE_OUT) --state-dir $(RUN_DIR) --listen 127.0.0.1:4566
 
 # dev: a host without the image or systemd (hangar dev), on 127.0.0.1:4566.
 DEV_DIR ?= $(CURDIR)/.hangar-dev

@@ -61,6 +61,8 @@ func probeKVM(ctx context.Context, kernel string) (bool, string) {
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-kernel", kernel, "-append", "console=ttyS0 panic=-1",
 		"-serial", "file:"+serial)
+	var stderr lockedBuf
+	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return false, fmt.Sprintf("starting QEMU: %v", err)
@@ -89,7 +91,11 @@ func probeKVM(ctx context.Context, kernel string) (bool, string) {
 			if strings.Contains(string(raw), "Kernel panic") {
 				return true, "a test kernel booted under KVM"
 			}
-			return false, "QEMU could not start a KVM guest"
+			why := strings.TrimSpace(stderr.String())
+			if i := strings.IndexByte(why, '\n'); i > 0 {
+				why = why[:i]
+			}
+			return false, "QEMU stopped at once under KVM (" + why + ")"
 		case <-deadline:
 			return false, "/dev/kvm opens but a test kernel made no progress under KVM in 10s (guests hang here)"
 		case <-t.C:

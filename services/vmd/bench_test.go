@@ -303,6 +303,6 @@ func TestBenchBootRatio(t *testing.T) {
 	t.Logf("  bare qemu-system-x86_64 (local qcow2)       %6.1f s", bareTime.Seconds())
 	t.Logf("  hangar-vmd CreateInstance (disks over NBD)  %6.1f s", vmTime.Seconds())
 	t.Logf("  ratio                                        %6.2fx (goal <= 1.10x)", vmTime.Seconds()/bareTime.Seconds())
-	t.Logf("  QEMU RSS beyond guest RAM: hangar %d MiB (total %d MiB; TCG cache capped at 128 MiB), bare %d MiB (TCG default cache)", beyond>>20, total>>20, bareAMIBeyond>>20)
+	t.Logf("  QEMU RSS beyond guest RAM: hangar %d MiB (total %d MiB), bare %d MiB", beyond>>20, total>>20, bareAMIBeyond>>20)
 	t.Logf("host load average at end: %s", strings.TrimSpace(string(load)))
 }

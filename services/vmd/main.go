@@ -93,7 +93,7 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 	capacity := core.Capacity{
 		HostCPUs: runtime.NumCPU(), HostMemoryMiB: mem,
 		ReserveVCPU: cfg.HostReserveVCPU, ReserveMemoryMiB: cfg.HostReserveMemoryMB,
-		CPUOvercommit: cfg.CPUOvercommit, PerGuestOverhead: guestOverheadMiB,
+		CPUOvercommit: cfg.CPUOvercommit, PerGuestOverhead: core.OverheadFor(accel).Account,
 	}
 
 	run, closeRunner, err := chooseRunner(ctx, o)
@@ -123,7 +123,7 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 		Accel:        accel,
 		AccelProblem: accelProblem,
 		Capacity:     capacity, Runner: run, DB: db, Log: log, Observer: bus,
-		BootID: strings.TrimSpace(string(bootID)), MemoryOverheadMiB: unitOverheadMiB,
+		BootID: strings.TrimSpace(string(bootID)), MemoryOverheadMiB: core.OverheadFor(accel).Headroom,
 	})
 	if err != nil {
 		return err
@@ -163,15 +163,6 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 	log.Info("stopping; guests keep running")
 	return nil
 }
-
-// guestOverheadMiB is what each guest counts against the host's memory
-// beyond its RAM (QEMU itself, TCG's translation cache); unitOverheadMiB
-// is the head room MemoryMax gives above guest RAM. See docs/vmd.md for
-// the measured RSS.
-const (
-	guestOverheadMiB = 128
-	unitOverheadMiB  = 256
-)
 
 func orNone(s string) string {
 	if s == "" {

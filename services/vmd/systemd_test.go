@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"hangar.dev/hangar/services/internal/api"
+	"hangar.dev/hangar/services/vmd/core"
 	"hangar.dev/hangar/services/vmd/testguest"
 	"hangar.dev/hangar/tests/harness"
 )
@@ -176,7 +177,7 @@ func TestSystemdTransientUnits(t *testing.T) {
 	show := c.systemctlShow(t, unit, "ActiveState", "Slice", "CPUQuotaPerSecUSec", "MemoryMax", "KillMode", "Type", "MainPID", "ControlGroup", "Description")
 	want := map[string]string{
 		"ActiveState": "active", "Slice": "hangar-vms.slice", "CPUQuotaPerSecUSec": "2s",
-		"MemoryMax": itoa((384 + 256) << 20), "KillMode": "mixed", "Type": "exec",
+		"MemoryMax": itoa((384 + core.OverheadFor(core.AccelTCG).Headroom) << 20), "KillMode": "mixed", "Type": "exec",
 		"Description": "hangar EC2 instance " + id,
 	}
 	for k, v := range want {

@@ -201,7 +201,7 @@ func TestQEMUArgs(t *testing.T) {
 	}
 	line := strings.Join(args, " ")
 	for _, want := range []string{
-		"-nodefaults", "-machine q35", "-accel tcg,tb-size=128", "-cpu max", "-smp 2", "-m 1024M",
+		"-nodefaults", "-machine q35", "-accel tcg", "-cpu max", "-smp 2", "-m 1024M",
 		"-bios /usr/share/seabios/bios-256k.bin",
 		"type=1,manufacturer=Amazon EC2,product=t3.micro,serial=ec2",
 		"type=2,manufacturer=Amazon EC2,asset=i-0123456789abcdef0",

@@ -27,6 +27,27 @@ const ReconnectDelaySec = 30
 // root ports do.
 const SpareHotplugPorts = 8
 
+// Overhead is the memory a guest's QEMU uses beyond guest RAM, as
+// measured (docs/vmd.md): about 100 MiB of QEMU itself, plus under TCG the
+// translated-code cache, which QEMU lets grow to 1 GiB and a full Linux
+// boot fills. Capping the cache (tb-size) made boots 30 % slower and
+// stalled a guest under load, so the cache keeps QEMU's default and the
+// accounting pays for it instead.
+type Overhead struct {
+	// Account is charged against the host's memory per instance.
+	Account int
+	// Headroom is added to guest RAM for the unit's MemoryMax.
+	Headroom int
+}
+
+// OverheadFor returns the overhead of one guest under accel.
+func OverheadFor(accel string) Overhead {
+	if accel == AccelTCG {
+		return Overhead{Account: 1024 + 128, Headroom: 1024 + 256}
+	}
+	return Overhead{Account: 128, Headroom: 256}
+}
+
 // Firmware names the files QEMU boots with.
 type Firmware struct {
 	SeaBIOS  string // /usr/share/seabios/bios-256k.bin
@@ -240,7 +261,7 @@ func QEMUArgs(l Launch) ([]string, error) {
 		"-name", "guest=" + s.ID + ",debug-threads=on",
 		"-nodefaults", "-no-user-config",
 		"-machine", "q35",
-		"-accel", accelArg(l.Accel),
+		"-accel", l.Accel,
 		"-cpu", map[string]string{AccelKVM: "host", AccelTCG: "max"}[l.Accel],
 		"-smp", fmt.Sprint(s.VCPUs),
 		"-m", fmt.Sprintf("%dM", s.MemoryMiB),
@@ -306,18 +327,6 @@ func QEMUArgs(l Launch) ([]string, error) {
 		}
 	}
 	return a, nil
-}
-
-// TCGCacheMiB caps TCG's translated-code cache. QEMU's default (1 GiB)
-// fills up during one Linux boot and would count against the unit's
-// MemoryMax; 128 MiB keeps a TCG guest inside its head room.
-const TCGCacheMiB = 128
-
-func accelArg(accel string) string {
-	if accel == AccelTCG {
-		return fmt.Sprintf("tcg,tb-size=%d", TCGCacheMiB)
-	}
-	return accel
 }
 
 // deviceArg renders a device map as -device's key=value list, driver

@@ -352,3 +352,43 @@ func TestImageAMIDryRun(t *testing.T) {
 		t.Errorf("ami.sh without a bucket: %v\n%s", err, out)
 	}
 }
+
+// install-overlay.sh leaves out the unit of a service whose binary is not
+// built, so a service still being written breaks neither image, and enables
+// what it installs by preset.
+func TestOverlayLeavesOutUnbuiltServices(t *testing.T) {
+	harness.Require(t, "systemctl", "install")
+	root := harness.RepoRoot(t)
+	bin, dest := t.TempDir(), t.TempDir()
+	for _, p := range []string{"hangar", "hangar-firstboot", "hangar-gateway"} {
+		if err := os.WriteFile(filepath.Join(bin, p), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(filepath.Join(root, "image/install-overlay.sh"), "--root", dest, "--bin", bin, "--repo", root).CombinedOutput()
+	if err != nil {
+		t.Fatalf("install-overlay.sh: %v\n%s", err, out)
+	}
+	unit := func(name string) string { return filepath.Join(dest, "usr/lib/systemd/system", name) }
+	for _, want := range []string{"hangar.target", "hangar-firstboot.service", "hangar-gateway.service", "hangar-banner.service", "hangar-vms.slice"} {
+		if _, err := os.Stat(unit(want)); err != nil {
+			t.Errorf("%s not installed", want)
+		}
+	}
+	for _, absent := range []string{"hangar-netd.service", "hangar-vmd.service", "hangar-ebsd.service"} {
+		if _, err := os.Stat(unit(absent)); err == nil {
+			t.Errorf("%s installed without its binary", absent)
+		}
+		if !strings.Contains(string(out), "leaving out "+absent) {
+			t.Errorf("no line says %s was left out:\n%s", absent, out)
+		}
+	}
+	for _, link := range []string{"etc/systemd/system/multi-user.target.wants/hangar.target", "etc/systemd/system/hangar.target.wants/hangar-gateway.service", "etc/systemd/system/hangar.target.wants/hangar-firstboot.service"} {
+		if _, err := os.Lstat(filepath.Join(dest, link)); err != nil {
+			t.Errorf("preset did not enable /%s", link)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dest, "usr/libexec/hangar/hangar-gateway")); err != nil {
+		t.Error("the gateway binary is not in /usr/libexec/hangar")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -167,6 +168,27 @@ func replaceTable(c *nftables.Conn, t *nftables.Table) *nftables.Table {
 
 func policy(p nftables.ChainPolicy) *nftables.ChainPolicy { return &p }
 
+// bigReceiveBuffer lets one batch of a large VPC (thousands of rules, each
+// acknowledged by the kernel) land in one go: the default receive buffer
+// overflows (ENOBUFS) at a few hundred acknowledgements.
+func bigReceiveBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
+		if serr == nil {
+			// The batch goes out in one sendmsg, which must fit too.
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 32<<20)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
 // ApplyFilter replaces the VPC namespace's tables with plan, atomically:
 // in the ip table the security groups (forward), the router's own services
 // (input) and the NAT of the uplink; in the bridge table the anti-spoofing
@@ -177,7 +199,7 @@ func (k *Linux) ApplyFilter(ns string, plan core.FilterPlan) error {
 		return fmt.Errorf("opening namespace %s: %w", ns, err)
 	}
 	defer target.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(target)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(target)), nftables.WithSockOptions(bigReceiveBuffer))
 	if err != nil {
 		return fmt.Errorf("opening nftables in %s: %w", ns, err)
 	}
@@ -307,8 +329,20 @@ func (k *Linux) ApplyFilter(ns string, plan core.FilterPlan) error {
 			add(c, bt, bpre, r.counter().verdict(expr.VerdictDrop))
 		}
 	}
-	// A tap netd does not know (there should be none) sends nothing.
-	add(c, bt, bpre, rb{}.iifPrefix("ht-", true).iifNotIn(plan.ENIs).counter().verdict(expr.VerdictDrop))
+	// A tap netd does not know (there should be none) sends nothing. The
+	// known taps are a set: one comparison each would outgrow the kernel's
+	// limit on a rule's size in a large VPC.
+	taps := &nftables.Set{Table: bt, Name: "taps", ID: setID, KeyType: nftables.TypeIFName}
+	var tapEls []nftables.SetElement
+	for _, e := range plan.ENIs {
+		tapEls = append(tapEls, nftables.SetElement{Key: ifname(e.Tap)})
+	}
+	if err := c.AddSet(taps, tapEls); err != nil {
+		return fmt.Errorf("queueing set taps: %w", err)
+	}
+	add(c, bt, bpre, rb{}.iifPrefix("ht-", true).append(
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Lookup{SourceRegister: 1, SetName: taps.Name, SetID: taps.ID, Invert: true}).counter().verdict(expr.VerdictDrop))
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("applying nftables rules in %s: %w", ns, err)
 	}
@@ -316,15 +350,6 @@ func (k *Linux) ApplyFilter(ns string, plan core.FilterPlan) error {
 }
 
 func (r rb) append(e ...expr.Any) rb { return append(r, e...) }
-
-// iifNotIn matches input interfaces that are none of the plan's taps.
-func (r rb) iifNotIn(enis []core.ENIFilter) rb {
-	r = append(r, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1})
-	for _, e := range enis {
-		r = append(r, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(e.Tap)})
-	}
-	return r
-}
 
 // DeleteFilter removes netd's tables from a namespace.
 func (k *Linux) DeleteFilter(ns string) error {

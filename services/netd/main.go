@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 
 	"hangar.dev/hangar/services/internal/api"
 	"hangar.dev/hangar/services/internal/busutil"
@@ -145,6 +146,16 @@ func run(ctx context.Context, log *slog.Logger, configPath, stateDir, runtimeDir
 	}
 	if err := srv.ClaimName(api.Network.Name); err != nil {
 		return err
+	}
+	// vmd's instance status check waits for the guest to reach DHCP or
+	// IMDS; tell it, without ever holding up the guest (vmd may be absent).
+	compute := api.NewComputeClient(conn)
+	svc.Activity = func(key, kind string) {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := compute.ReportGuestActivity(actx, key, kind); err != nil && !api.IsName(err, api.ErrNotFound) {
+			log.Debug("reporting guest activity to vmd", "key", key, "kind", kind, "err", err)
+		}
 	}
 	done := make(chan struct{})
 	defer close(done)

@@ -29,6 +29,9 @@ func RealStarters(k servers.Netns, log *slog.Logger) Starters {
 			}
 			im, err := servers.StartIMDS(k, ns, func(ip netip.Addr) (servers.Instance, bool) {
 				md, n, ok := s.Instance(vpcID, ip)
+				if ok {
+					s.guestActive(md.InstanceID, api.GuestActivityIMDS)
+				}
 				return servers.Instance{Metadata: md, Net: n}, ok
 			}, l)
 			if err != nil {
@@ -41,6 +44,7 @@ func RealStarters(k servers.Netns, log *slog.Logger) Starters {
 			d, err := servers.StartDHCP(k, ns, bridge, gw,
 				func(mac string) (core.Lease, bool) { return s.Lease(vpcID, subnetID, mac) },
 				func(l core.Lease, mac string) {
+					s.guestActive(mac, api.GuestActivityDHCP)
 					if s.Leased != nil {
 						s.Leased(l.EniID, mac, l.IP)
 					}

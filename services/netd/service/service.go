@@ -18,6 +18,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"time"
 
 	"hangar.dev/hangar/services/internal/api"
 	"hangar.dev/hangar/services/internal/store"
@@ -80,6 +81,33 @@ type Service struct {
 	Changed func(vpcID string)
 	// Leased is told of every DHCP ACK.
 	Leased func(eniID, mac string, ip netip.Addr)
+	// Activity is told, at most once a minute per key, that a guest used
+	// DHCP (key: its MAC) or IMDS (key: its instance id); main reports it
+	// to vmd (ReportGuestActivity), whose instance status check waits
+	// for it.
+	Activity func(key, kind string)
+
+	actMu   sync.Mutex
+	actLast map[string]time.Time
+}
+
+// guestActive reports guest activity, throttled per key and kind.
+func (s *Service) guestActive(key, kind string) {
+	if s.Activity == nil || key == "" {
+		return
+	}
+	s.actMu.Lock()
+	if s.actLast == nil {
+		s.actLast = map[string]time.Time{}
+	}
+	k := kind + " " + key
+	if t, ok := s.actLast[k]; ok && time.Since(t) < time.Minute {
+		s.actMu.Unlock()
+		return
+	}
+	s.actLast[k] = time.Now()
+	s.actMu.Unlock()
+	go s.Activity(key, kind)
 }
 
 type runtime struct {

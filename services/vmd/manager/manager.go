@@ -1273,6 +1273,13 @@ func (m *Manager) recoverOne(ctx context.Context, in *instance) {
 	if !core.Active(in.state()) {
 		return
 	}
+	if in.rec.Runner != "" && in.rec.Runner != m.cfg.Runner.Name() {
+		// The other runner's QEMU cannot be seen from here; calling it gone
+		// would lose a live guest. Leave the record as it is.
+		m.log.Error("instance was launched by another runner; start vmd with that runner to manage it",
+			"instance", id, "launched_by", in.rec.Runner, "runner", m.cfg.Runner.Name())
+		return
+	}
 	in.gen++
 	gen := in.gen
 	rs := m.runSpec(&in.rec, nil)

@@ -232,10 +232,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 	// What was verified may be the normalised path (AWS's services sign
 	// paths without dot segments or repeated slashes); handlers see that
 	// same path, never a spelling the signature did not cover.
-	if p := cleanPath(r.URL.Path); p != r.URL.Path {
-		u := *r.URL
-		u.Path, u.RawPath = p, ""
-		r.URL = &u
+	// Normalised on the escaped path, as it was verified, so an escaped
+	// slash stays part of its segment.
+	if ep := r.URL.EscapedPath(); cleanPath(ep) != ep {
+		clean := cleanPath(ep)
+		if p, err := url.PathUnescape(clean); err == nil {
+			u := *r.URL
+			u.Path, u.RawPath = p, clean
+			r.URL = &u
+		}
 	}
 	ctx := reqctx.With(r.Context(), &reqctx.Request{ID: reqID, Caller: caller, Log: log, Region: s.cfg.Region, Host: r.Host})
 	if isREST {

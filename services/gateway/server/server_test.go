@@ -756,6 +756,22 @@ func TestHandlersSeeTheVerifiedPath(t *testing.T) {
 			t.Fatalf("%s: status %d, handler saw %v", p, res.StatusCode, seen.Load())
 		}
 	}
+	// An escaped slash is part of its segment, not a separator: the dot
+	// segment after it is not one either.
+	hr, _ := http.NewRequest(http.MethodGet, tb.URL+"/clusters/a%2F..%2Fb//x", nil)
+	sum := sha256.Sum256(nil)
+	if err := v4.NewSigner().SignHTTP(context.Background(), aws.Credentials{AccessKeyID: rootKey.AccessKeyID, SecretAccessKey: rootKey.SecretAccessKey},
+		hr, hex.EncodeToString(sum[:]), "eks", testRegion, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tb.Client().Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 || seen.Load() != "/clusters/a/../b/x" {
+		t.Fatalf("escaped slash: status %d, handler saw %v", res.StatusCode, seen.Load())
+	}
 }
 
 type restFunc func(w http.ResponseWriter, r *http.Request, body []byte)

@@ -83,6 +83,15 @@ type decoder struct {
 	ec2      bool
 }
 
+// consume marks wire and everything under it as read.
+func (d *decoder) consume(wire string) {
+	for k := range d.form {
+		if k == wire || strings.HasPrefix(k, wire+".") {
+			d.used[k] = true
+		}
+	}
+}
+
 func (d *decoder) present(name string) bool {
 	_, ok := d.form[name]
 	return ok || d.prefixes[name]
@@ -158,8 +167,12 @@ func (d *decoder) structure(prefix string, s *awsmodel.Shape, v reflect.Value) e
 		}
 		f := field(v, name)
 		if !f.IsValid() || !f.CanSet() {
-			// A member the SDK no longer has: leave it unconsumed, so the
-			// caller hears it is not recognised rather than ignored.
+			// A member the model has and the SDK struct does not: the SDK
+			// keeps a few for its own middleware (CopySnapshot's
+			// DestinationRegion, which the CLI always sends, feeds the
+			// presigned URL). The request is valid; the value has nowhere
+			// to go and nothing in hangar reads it.
+			d.consume(wire)
 			continue
 		}
 		if err := d.value(wire, ref, f); err != nil {

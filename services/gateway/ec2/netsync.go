@@ -37,12 +37,13 @@ type Network interface {
 // having to remember it.
 func (s *Service) SetNetwork(n Network) {
 	s.net = &netSync{
-		s:     s,
-		net:   n,
-		log:   s.log.With("component", "netsync"),
-		dirty: map[string]bool{},
-		locks: map[string]*sync.Mutex{},
-		kick:  make(chan struct{}, 1),
+		s:        s,
+		net:      n,
+		log:      s.log.With("component", "netsync"),
+		dirty:    map[string]bool{},
+		locks:    map[string]*sync.Mutex{},
+		kick:     make(chan struct{}, 1),
+		appeared: make(chan struct{}, 1),
 	}
 	s.db.Watch(s.net.observe)
 }
@@ -53,10 +54,11 @@ type netSync struct {
 	net Network
 	log *slog.Logger
 
-	mu    sync.Mutex
-	dirty map[string]bool
-	locks map[string]*sync.Mutex
-	kick  chan struct{}
+	mu       sync.Mutex
+	dirty    map[string]bool
+	locks    map[string]*sync.Mutex
+	kick     chan struct{}
+	appeared chan struct{}
 }
 
 // networkKinds are the record kinds whose changes alter a VPC's network.
@@ -151,19 +153,30 @@ func (n *netSync) lock(vpcID string) *sync.Mutex {
 	return l
 }
 
-// run pushes dirty VPCs until ctx ends, retrying failures with back-off.
+// run pushes dirty VPCs until ctx ends. After a failure it waits (with
+// back-off up to 30 s) before the next attempt, however many commits mark
+// VPCs meanwhile: while netd is away, a burst of creates must not become a
+// burst of failing calls. NetworkAppeared cuts the wait short.
 func (n *netSync) run(ctx context.Context) {
-	retry := time.Duration(0)
+	var (
+		backoff time.Duration
+		next    time.Time // no attempt before this
+	)
 	for {
 		var timer <-chan time.Time
-		if retry > 0 {
-			timer = time.After(retry)
+		if wait := time.Until(next); wait > 0 {
+			timer = time.After(wait)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-n.kick:
+			if time.Now().Before(next) {
+				continue
+			}
 		case <-timer:
+		case <-n.appeared:
+			backoff, next = 0, time.Time{}
 		}
 		n.mu.Lock()
 		batch := make([]string, 0, len(n.dirty))
@@ -172,33 +185,56 @@ func (n *netSync) run(ctx context.Context) {
 		}
 		n.dirty = map[string]bool{}
 		n.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
 		sort.Strings(batch)
-		failed := 0
-		for _, id := range batch {
-			if err := n.syncOne(ctx, id); err != nil {
-				failed++
-				n.mark(id)
-				if retry == 0 {
-					n.log.Warn("pushing a VPC to hangar-netd failed; retrying", "vpc", id, "err", err)
-				}
+		var failed []string
+		for i, id := range batch {
+			err := n.syncOne(ctx, id)
+			if err == nil {
+				continue
+			}
+			failed = append(failed, id)
+			if backoff == 0 {
+				n.log.Warn("pushing a VPC to hangar-netd failed; retrying", "vpc", id, "err", err)
+			}
+			if absent(err) {
+				// netd is not on the bus: the rest would fail the same way.
+				failed = append(failed, batch[i+1:]...)
+				break
 			}
 		}
+		if len(failed) == 0 {
+			backoff, next = 0, time.Time{}
+			continue
+		}
+		n.mu.Lock()
+		for _, id := range failed {
+			n.dirty[id] = true
+		}
+		n.mu.Unlock()
 		switch {
-		case failed == 0:
-			retry = 0
-		case retry == 0:
-			retry = 500 * time.Millisecond
-		case retry < 30*time.Second:
-			retry *= 2
+		case backoff == 0:
+			backoff = 500 * time.Millisecond
+		case backoff < 30*time.Second:
+			backoff *= 2
 		}
-		if failed > 0 {
-			// The kick from mark() above would spin; wait for the timer.
-			select {
-			case <-n.kick:
-			default:
-			}
-		}
+		next = time.Now().Add(backoff)
 	}
+}
+
+// absent reports an error that means hangar-netd is not on the bus.
+func absent(err error) bool {
+	e, ok := api.AsError(err)
+	if !ok {
+		return false
+	}
+	switch e.Name {
+	case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner", api.ErrUnavailable:
+		return true
+	}
+	return false
 }
 
 // syncNow pushes one VPC before the caller goes on (RunInstances needs the
@@ -421,6 +457,10 @@ func (s *Service) NetworkAppeared(ctx context.Context) {
 	}
 	if err := s.net.resyncAll(ctx); err != nil {
 		s.log.Warn("resyncing hangar-netd", "err", err)
+	}
+	select {
+	case s.net.appeared <- struct{}{}:
+	default:
 	}
 	for _, hook := range networkAppearedHooks {
 		hook(ctx, s)

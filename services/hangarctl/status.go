@@ -33,9 +33,11 @@ func cmdStatus(args []string) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for each service")
 	_ = fs.Parse(args)
 
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	// Each step gets its own deadline: on a loaded host one slow answer must
+	// not make every later service look absent.
+	cctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	conn, err := busutil.Connect(ctx)
+	conn, err := busutil.Connect(cctx)
 	if err != nil {
 		return err
 	}
@@ -45,8 +47,15 @@ func cmdStatus(args []string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tSTATE\tVERSION\tUP\tDETAIL")
 	for _, svc := range api.Services {
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		defer cancel()
 		var owner string
 		if err := conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, svc.Name).Store(&owner); err != nil {
+			if !api.IsName(err, "org.freedesktop.DBus.Error.NameHasNoOwner") {
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\tasking the bus for %s: %v\n", svc.Unit, "error", svc.Name, err)
+				healthy = false
+				continue
+			}
 			// Not on the bus: say what systemd knows of its unit, when
 			// there is a systemd (there is none under hangar dev).
 			u, uerr := unitState(ctx, conn, svc.Unit)

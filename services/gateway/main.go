@@ -145,6 +145,12 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 		return err
 	}
 
+	// Instances run in hangar-vmd: its state signals drive the records,
+	// and whenever vmd (re)claims its name the two are reconciled.
+	ec2svc.SetCompute(api.NewComputeClient(conn))
+	if err := ec2svc.StartCompute(ctx); err != nil {
+		return err
+	}
 	ec2svc.StartNetwork(ctx)
 	if err := busutil.WatchName(ctx, conn, api.Network.Name, func(up bool) {
 		if up {
@@ -152,6 +158,17 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 			ec2svc.NetworkAppeared(ctx)
 		} else {
 			log.Warn("hangar-netd left the bus; VPC changes wait for it")
+		}
+	}); err != nil {
+		return err
+	}
+
+	if err := busutil.WatchName(ctx, conn, api.Compute.Name, func(up bool) {
+		if up {
+			log.Info("hangar-vmd is on the bus; reconciling instances")
+			go ec2svc.ComputeAppeared(ctx)
+		} else {
+			log.Warn("hangar-vmd left the bus; instance changes wait for it")
 		}
 	}); err != nil {
 		return err

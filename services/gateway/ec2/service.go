@@ -42,6 +42,8 @@ type Service struct {
 	// net pushes VPCs to hangar-netd (netsync.go); nil until SetNetwork,
 	// and then records are only records (unit tests).
 	net *netSync
+	// compute is hangar-vmd (instances.go); nil until SetCompute.
+	compute Compute
 }
 
 // SetStorage gives EC2 the storage service that holds volume and snapshot

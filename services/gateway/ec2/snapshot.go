@@ -319,7 +319,21 @@ func (s *Service) DeleteSnapshot(ctx context.Context, in *ec2.DeleteSnapshotInpu
 	if err != nil {
 		return nil, err
 	}
-	if err := s.db.View(func(tx *store.Tx) error { _, err := get[snapshotRecord](tx, kindSnapshot, id); return err }); err != nil {
+	err = s.db.View(func(tx *store.Tx) error {
+		if _, err := get[snapshotRecord](tx, kindSnapshot, id); err != nil {
+			return err
+		}
+		// AWS keeps a snapshot an AMI still maps.
+		ami, err := imageUsingSnapshot(tx, id)
+		if err != nil {
+			return err
+		}
+		if ami != "" {
+			return awserr.New(400, "InvalidSnapshot.InUse", "The snapshot %s is currently in use by %s", id, ami)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	if err := st.DeleteSnapshot(ctx, id); err != nil {

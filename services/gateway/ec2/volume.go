@@ -22,6 +22,7 @@ import (
 type Storage interface {
 	CreateVolume(ctx context.Context, volID string, sizeBytes uint64, fromSnapshot string) (api.VolumeInfo, error)
 	DeleteVolume(ctx context.Context, volID string) error
+	GetVolume(ctx context.Context, volID string) (api.VolumeInfo, error)
 	ResizeVolume(ctx context.Context, volID string, sizeBytes uint64) (api.VolumeInfo, error)
 	AttachVolume(ctx context.Context, volID, instanceID, device string) (api.VolumeInfo, error)
 	DetachVolume(ctx context.Context, volID, instanceID string) (api.VolumeInfo, error)
@@ -534,14 +535,26 @@ func (s *Service) AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput) (
 	if err != nil {
 		return nil, err
 	}
-	var v *volumeRecord
+	var (
+		v        *volumeRecord
+		instance *instanceRecord
+	)
 	err = s.db.View(func(tx *store.Tx) error {
 		var err error
 		if v, err = get[volumeRecord](tx, kindVolume, id); err != nil {
 			return err
 		}
-		if !tx.Has(instanceKind, inst) {
-			return awserr.New(400, "InvalidInstanceID.NotFound", "The instance ID '%s' does not exist", clip(inst))
+		ir, err := get[instanceRecord](tx, kindInstance, inst)
+		if err != nil {
+			return err
+		}
+		instance = ir
+		switch ir.state() {
+		case types.InstanceStateNameTerminated, types.InstanceStateNameShuttingDown:
+			return awserr.New(400, "IncorrectState", "Instance '%s' is not 'running' or 'stopped'.", inst)
+		}
+		if ir.Placement != nil && deref(v.AvailabilityZone) != deref(ir.Placement.AvailabilityZone) {
+			return awserr.InvalidParameterValue("Volume '%s' is in a different Availability Zone from instance '%s'", id, inst)
 		}
 		if len(v.Attachments) > 0 {
 			return awserr.New(400, "VolumeInUse", "%s is already attached to an instance", id)
@@ -562,8 +575,16 @@ func (s *Service) AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput) (
 	if err != nil {
 		return nil, err
 	}
-	if _, err := st.AttachVolume(ctx, id, inst, dev); err != nil {
+	info, err := st.AttachVolume(ctx, id, inst, dev)
+	if err != nil {
 		return nil, storageErr(err, id)
+	}
+	// The guest gets the disk now (hot-plug) or at its next start.
+	if s.compute != nil {
+		if _, err := s.compute.AttachVolume(ctx, inst, api.InstanceDisk{ID: id, Socket: info.ExportSocket, DeviceName: dev}); err != nil && !api.IsName(err, api.ErrNotFound) {
+			_, _ = st.DetachVolume(context.WithoutCancel(ctx), id, inst)
+			return nil, computeErr(err, inst, string(instance.InstanceType), s.cfg.AvailabilityZone)
+		}
 	}
 	now := s.now().UTC()
 	att := types.VolumeAttachment{VolumeId: ptr(id), InstanceId: ptr(inst), Device: ptr(dev), State: types.VolumeAttachmentStateAttached,
@@ -608,7 +629,19 @@ func (s *Service) DetachVolume(ctx context.Context, in *ec2.DetachVolumeInput) (
 	if in.Device != nil && *in.Device != deref(att.Device) {
 		return nil, awserr.New(400, "InvalidAttachment.NotFound", "Volume '%s' is not attached as device '%s'", id, clip(*in.Device))
 	}
-	if _, err := st.DetachVolume(ctx, id, deref(att.InstanceId)); err != nil {
+	inst := deref(att.InstanceId)
+	var ir *instanceRecord
+	_ = s.db.View(func(tx *store.Tx) (err error) { ir, err = get[instanceRecord](tx, kindInstance, inst); return err })
+	if ir != nil && deref(att.Device) == deref(ir.RootDeviceName) && ir.state() != types.InstanceStateNameStopped && ir.state() != types.InstanceStateNameTerminated {
+		return nil, awserr.New(400, "OperationNotPermitted", "Unable to detach root volume '%s' from instance '%s'; stop the instance first", id, inst)
+	}
+	// The guest lets go of the disk first, then ebsd stops serving it.
+	if s.compute != nil && ir != nil && ir.state() != types.InstanceStateNameTerminated {
+		if _, err := s.compute.DetachVolume(ctx, inst, id, deref(in.Force)); err != nil && !api.IsName(err, api.ErrNotFound) {
+			return nil, computeErr(err, inst, string(ir.InstanceType), s.cfg.AvailabilityZone)
+		}
+	}
+	if _, err := st.DetachVolume(ctx, id, inst); err != nil {
 		return nil, storageErr(err, id)
 	}
 	err = s.db.Update(func(tx *store.Tx) error {

@@ -36,7 +36,7 @@ func (f *fakeStorage) CreateVolume(_ context.Context, id string, size uint64, fr
 	if err := f.err(); err != nil {
 		return api.VolumeInfo{}, err
 	}
-	v := api.VolumeInfo{VolumeID: id, SizeBytes: size, FromSnapshot: from, State: api.VolumeAvailable}
+	v := api.VolumeInfo{VolumeID: id, SizeBytes: size, FromSnapshot: from, State: api.VolumeAvailable, ExportSocket: "/run/hangar/ebs/" + id + ".sock"}
 	f.vols[id] = v
 	return v, nil
 }
@@ -49,6 +49,16 @@ func (f *fakeStorage) DeleteVolume(_ context.Context, id string) error {
 	}
 	delete(f.vols, id)
 	return nil
+}
+
+func (f *fakeStorage) GetVolume(_ context.Context, id string) (api.VolumeInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.vols[id]
+	if !ok {
+		return v, &api.Error{Name: api.ErrNotFound, Message: "no " + id}
+	}
+	return v, nil
 }
 
 func (f *fakeStorage) ResizeVolume(_ context.Context, id string, size uint64) (api.VolumeInfo, error) {
@@ -278,7 +288,9 @@ func TestModifyAttachDetachDelete(t *testing.T) {
 	inst := "i-0123456789abcdef0"
 	_, err = s.AttachVolume(bg, &ec2.AttachVolumeInput{VolumeId: ptr(id), InstanceId: ptr(inst), Device: ptr("/dev/sdf")})
 	wantCode(t, err, "InvalidInstanceID.NotFound")
-	if err := s.db.Update(func(tx *store.Tx) error { return tx.Put(instanceKind, inst, map[string]string{"InstanceId": inst}) }); err != nil {
+	rec := instanceRecord{Instance: types.Instance{InstanceId: ptr(inst), State: instanceState(types.InstanceStateNameRunning),
+		Placement: &types.Placement{AvailabilityZone: ptr(s.cfg.AvailabilityZone)}, RootDeviceName: ptr("/dev/xvda")}}
+	if err := s.db.Update(func(tx *store.Tx) error { return tx.Put(instanceKind, inst, rec) }); err != nil {
 		t.Fatal(err)
 	}
 	for _, dev := range []string{"sdf", "/dev/hda", "/dev/sd", "/dev/xvdabc"} {

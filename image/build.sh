@@ -63,6 +63,13 @@ if [ -z "$sources" ] && grep -qs '^ID=debian' /etc/os-release; then
 fi
 
 mkdir -p "$out/cache"
+# One build at a time, and none while a boot test reads the image (the
+# tests hold this lock shared): several people may share a working tree.
+exec 9>"$out/.lock"
+if ! flock -n 9; then
+	log "waiting for another build or boot test using $out"
+	flock 9
+fi
 packages=$("$here/packages.sh" debian)
 
 # ---- 1. base --------------------------------------------------------------

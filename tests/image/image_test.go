@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +32,15 @@ func builtImage(t *testing.T) *vm.Image {
 	dir := os.Getenv("HANGAR_IMAGE_DIR")
 	if dir == "" {
 		dir = filepath.Join(harness.RepoRoot(t), "image", "out")
+	}
+	// Hold the image's lock shared while the test runs, so nobody's
+	// image/build.sh replaces it underneath (builds take it exclusively).
+	if f, err := os.Open(filepath.Join(dir, ".lock")); err == nil {
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err == nil {
+			t.Cleanup(func() { f.Close() })
+		} else {
+			f.Close()
+		}
 	}
 	img, err := vm.LoadImage(dir)
 	if err != nil {

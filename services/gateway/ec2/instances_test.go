@@ -563,3 +563,50 @@ func TestImagesRegisterDescribeDeregister(t *testing.T) {
 		t.Fatalf("images after deregister: %v", ids)
 	}
 }
+
+func TestCreateAndCopyImage(t *testing.T) {
+	h := newInstanceHost(t, 8)
+	id := *h.run(t, &ec2.RunInstancesInput{}).Instances[0].InstanceId
+	h.vmd.signal(id, api.InstanceStateRunning, "")
+	h.waitState(t, id, types.InstanceStateNameRunning)
+
+	// Snapshots complete when ebsd says so; the fake says at once.
+	go func() {
+		for i := 0; i < 200; i++ {
+			h.storage.mu.Lock()
+			for sid, sn := range h.storage.snaps {
+				sn.State, sn.Progress = api.SnapshotCompleted, 100
+				h.storage.snaps[sid] = sn
+			}
+			h.storage.mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	img := must[*ec2.CreateImageOutput](t)(h.s.CreateImage(bg, &ec2.CreateImageInput{InstanceId: &id, Name: ptr("web-golden")})).ImageId
+	// Without NoReboot the instance is stopped for the snapshots...
+	eventually(t, "the instance stopping for the image", func() bool {
+		st := h.describe(t, id).State.Name
+		return st == types.InstanceStateNameStopping || st == types.InstanceStateNameStopped
+	})
+	h.vmd.signal(id, api.InstanceStateStopped, "")
+	// ...and started again.
+	eventually(t, "the instance started again", func() bool { return h.describe(t, id).State.Name == types.InstanceStateNamePending })
+	eventually(t, "the image available", func() bool {
+		out := must[*ec2.DescribeImagesOutput](t)(h.s.DescribeImages(bg, &ec2.DescribeImagesInput{ImageIds: []string{*img}}))
+		return out.Images[0].State == types.ImageStateAvailable
+	})
+	got := must[*ec2.DescribeImagesOutput](t)(h.s.DescribeImages(bg, &ec2.DescribeImagesInput{ImageIds: []string{*img}})).Images[0]
+	if len(got.BlockDeviceMappings) != 1 || deref(got.BlockDeviceMappings[0].Ebs.SnapshotId) == h.snap || deref(got.SourceInstanceId) != id {
+		t.Fatalf("image %+v", got)
+	}
+
+	cp := must[*ec2.CopyImageOutput](t)(h.s.CopyImage(bg, &ec2.CopyImageInput{SourceImageId: img, SourceRegion: ptr("us-east-1"), Name: ptr("web-copy")})).ImageId
+	c := must[*ec2.DescribeImagesOutput](t)(h.s.DescribeImages(bg, &ec2.DescribeImagesInput{ImageIds: []string{*cp}})).Images[0]
+	if c.State != types.ImageStateAvailable || deref(c.BlockDeviceMappings[0].Ebs.SnapshotId) == deref(got.BlockDeviceMappings[0].Ebs.SnapshotId) {
+		t.Fatalf("copy %+v", c)
+	}
+	_, err := h.s.CopyImage(bg, &ec2.CopyImageInput{SourceImageId: img, SourceRegion: ptr("eu-west-1"), Name: ptr("x-copy")})
+	wantCode(t, err, "InvalidParameterValue")
+	// The copy launches.
+	h.run(t, &ec2.RunInstancesInput{ImageId: cp})
+}

@@ -60,12 +60,16 @@ func New(db *store.DB, cfg hostconf.Config, log *slog.Logger) *Service {
 // and internet gateway. It runs at every start and creates only what is
 // missing, so it is safe to repeat.
 func (s *Service) Init(ctx context.Context) error {
-	return s.db.Update(func(tx *store.Tx) error {
+	err := s.db.Update(func(tx *store.Tx) error {
 		if tx.Has(bucketMeta, metaDefaultVPC) {
 			return nil
 		}
 		return s.createDefaultVPC(ctx, tx)
 	})
+	if err != nil {
+		return err
+	}
+	return s.failInterruptedImages()
 }
 
 const (

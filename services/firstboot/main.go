@@ -19,6 +19,7 @@ import (
 	"hangar.dev/hangar/services/firstboot/hostinit"
 	"hangar.dev/hangar/services/internal/hostconf"
 	"hangar.dev/hangar/services/internal/logging"
+	"hangar.dev/hangar/services/internal/sdnotify"
 )
 
 func main() {
@@ -62,6 +63,15 @@ func main() {
 		state = "NOT READY"
 	}
 	log.Info("host "+state, "reasons", len(res.Readiness.Reasons), "region", res.Config.Region, "api", res.Config.APIListen, "account", res.Config.AccountID)
+	// The line `systemctl status hangar-firstboot` shows after it exited.
+	status := fmt.Sprintf("host %s: account %s, region %s, API %s", state, res.Config.AccountID, res.Config.Region, res.Config.APIListen)
+	for _, r := range res.Readiness.Reasons {
+		if r.Fatal {
+			status += "; " + r.String()
+			break
+		}
+	}
+	sdnotify.Status("%s", status)
 }
 
 // runCheck validates a host.conf the way first boot does and prints one

@@ -302,10 +302,10 @@ func TestRunInstancesLaunchesThroughEveryService(t *testing.T) {
 	if _, ok := h.storage.vols[spec.RootVolume.ID]; ok {
 		t.Fatal("the root volume (DeleteOnTermination) is still in ebsd")
 	}
-	data := must[*ec2.DescribeVolumesOutput](t)(h.s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{VolumeIds: []string{spec.Volumes[0].ID}}))
-	if data.Volumes[0].State != types.VolumeStateAvailable || len(data.Volumes[0].Attachments) != 0 {
-		t.Fatalf("the kept volume is %s with %d attachments", data.Volumes[0].State, len(data.Volumes[0].Attachments))
-	}
+	eventually(t, "the kept volume detached and available", func() bool {
+		data := must[*ec2.DescribeVolumesOutput](t)(h.s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{VolumeIds: []string{spec.Volumes[0].ID}}))
+		return data.Volumes[0].State == types.VolumeStateAvailable && len(data.Volumes[0].Attachments) == 0
+	})
 	if v := h.describe(t, id); v.PrivateIpAddress != nil || len(v.NetworkInterfaces) != 0 || v.StateReason == nil {
 		t.Fatalf("terminated instance still shows %v %d interfaces (reason %v)", v.PrivateIpAddress, len(v.NetworkInterfaces), v.StateReason)
 	}

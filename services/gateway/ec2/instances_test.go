@@ -299,13 +299,16 @@ func TestRunInstancesLaunchesThroughEveryService(t *testing.T) {
 		_, md := h.net.md[eni]
 		return !still && !md
 	})
-	if _, ok := h.storage.vols[spec.RootVolume.ID]; ok {
-		t.Fatal("the root volume (DeleteOnTermination) is still in ebsd")
-	}
 	eventually(t, "the kept volume detached and available", func() bool {
 		data := must[*ec2.DescribeVolumesOutput](t)(h.s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{VolumeIds: []string{spec.Volumes[0].ID}}))
 		return data.Volumes[0].State == types.VolumeStateAvailable && len(data.Volumes[0].Attachments) == 0
 	})
+	h.storage.mu.Lock()
+	_, rootKept := h.storage.vols[spec.RootVolume.ID]
+	h.storage.mu.Unlock()
+	if rootKept {
+		t.Fatal("the root volume (DeleteOnTermination) is still in ebsd")
+	}
 	if v := h.describe(t, id); v.PrivateIpAddress != nil || len(v.NetworkInterfaces) != 0 || v.StateReason == nil {
 		t.Fatalf("terminated instance still shows %v %d interfaces (reason %v)", v.PrivateIpAddress, len(v.NetworkInterfaces), v.StateReason)
 	}

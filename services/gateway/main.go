@@ -42,12 +42,13 @@ func main() {
 		listen     = flag.String("listen", "", "address:port to serve the API on (default: API_LISTEN from the host config)")
 		tlsCert    = flag.String("tls-cert", "/etc/hangar/tls/server.crt", "certificate served when API_TLS=yes")
 		tlsKey     = flag.String("tls-key", "/etc/hangar/tls/server.key", "key of -tls-cert")
+		starter    = flag.String("starter-ami", "/usr/share/hangar/starter/ami.env", "bundled starter AMI to import when STARTER_AMI=yes")
 	)
 	flag.Parse()
 	log := logging.New("hangar-gateway")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, log, *configPath, *credsPath, *stateDir, *listen, *tlsCert, *tlsKey); err != nil {
+	if err := run(ctx, log, *configPath, *credsPath, *stateDir, *listen, *tlsCert, *tlsKey, *starter); err != nil {
 		log.Error("hangar-gateway failed", "err", err)
 		sdnotify.Status("failed: %v", err)
 		os.Exit(1)
@@ -79,7 +80,7 @@ func (r *reloadableKeys) set(k []creds.Key) {
 	r.mu.Unlock()
 }
 
-func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir, listen, tlsCert, tlsKey string) error {
+func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir, listen, tlsCert, tlsKey, starter string) error {
 	cfg, err := hostconf.Load(configPath)
 	if err != nil {
 		return err
@@ -172,6 +173,16 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 		}
 	}); err != nil {
 		return err
+	}
+
+	// A fresh host can run-instances with nothing else: the bundled
+	// Debian disk becomes the AMI hangar/debian-12-x86_64 (once).
+	if _, err := os.Stat(starter); cfg.StarterAMI && err == nil {
+		go func() {
+			if err := ec2svc.ImportStarterAMI(ctx, starter, storage); err != nil && ctx.Err() == nil {
+				log.Error("importing the starter AMI", "path", starter, "err", err)
+			}
+		}()
 	}
 
 	errc := make(chan error, 1)

@@ -57,7 +57,11 @@ var devServices = []devService{
 		return []string{"--config", e.hostJSON, "--state-dir", e.stateDir("vmd"), "--runtime-dir", e.runtimeDir("vmd"), "--runner", "process"}
 	}},
 	{name: "gateway", binary: "hangar-gateway", args: func(e *devEnv) []string {
-		return []string{"--config", e.hostJSON, "--credentials", e.credentials, "--state-dir", e.stateDir("gateway"), "--listen", e.listen}
+		args := []string{"--config", e.hostJSON, "--credentials", e.credentials, "--state-dir", e.stateDir("gateway"), "--listen", e.listen}
+		if e.starterAMI != "" {
+			args = append(args, "--starter-ami", e.starterAMI)
+		}
+		return args
 	}},
 }
 
@@ -69,6 +73,7 @@ type devEnv struct {
 	hostJSON    string
 	credentials string
 	busAddress  string
+	starterAMI  string
 }
 
 func (e *devEnv) stateDir(svc string) string   { return filepath.Join(e.dir, svc) }
@@ -86,7 +91,6 @@ ALLOW_SOFTWARE_EMULATION=yes
 HOST_RESERVE_VCPU=0
 HOST_RESERVE_MEMORY_MB=0
 CPU_OVERCOMMIT=8
-STARTER_AMI=no
 `
 
 func randomAccount() string {
@@ -102,6 +106,7 @@ func cmdDev(args []string) error {
 	dir := fs.String("state-dir", "", "directory for the host's state, config and credentials (required)")
 	listen := fs.String("listen", "127.0.0.1:4566", "address:port for the API")
 	binDir := fs.String("bin-dir", "", "directory holding the hangar-* binaries (default: next to this one)")
+	starter := fs.String("starter-ami", "", "ami.env of a starter AMI disk (image/starter-ami/build.sh) to import as hangar/debian-12-x86_64")
 	_ = fs.Parse(args)
 	if *dir == "" {
 		return fmt.Errorf("--state-dir is required")
@@ -115,6 +120,11 @@ func cmdDev(args []string) error {
 		return err
 	}
 	e := &devEnv{dir: abs, listen: *listen, binDir: *binDir}
+	if *starter != "" {
+		if e.starterAMI, err = filepath.Abs(*starter); err != nil {
+			return err
+		}
+	}
 	if e.binDir == "" {
 		self, err := os.Executable()
 		if err != nil {

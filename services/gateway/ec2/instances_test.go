@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -612,4 +613,64 @@ func TestCreateAndCopyImage(t *testing.T) {
 	wantCode(t, err, "InvalidParameterValue")
 	// The copy launches.
 	h.run(t, &ec2.RunInstancesInput{ImageId: cp})
+}
+
+// blockSink records the blocks an import puts.
+type blockSink struct {
+	mu     sync.Mutex
+	blocks map[uint64]int
+}
+
+func (b *blockSink) PutBlock(_ context.Context, snap string, index uint64, data []byte, sum string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.blocks == nil {
+		b.blocks = map[uint64]int{}
+	}
+	b.blocks[index] = len(data)
+	return nil
+}
+
+func TestImportStarterAMIOnce(t *testing.T) {
+	h := newInstanceHost(t, 8)
+	dir := t.TempDir()
+	disk := dir + "/debian-12-x86_64.raw"
+	f, err := os.Create(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sparse 3 MiB disk with data in blocks 1 and 5 only.
+	if err := f.Truncate(3 << 20); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{512 << 10, 5*(512<<10) + 7} {
+		if _, err := f.WriteAt([]byte("data"), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	env := dir + "/ami.env"
+	if err := os.WriteFile(env, []byte("name=hangar/test-x86_64\ndescription=test\ndisk=/elsewhere/debian-12-x86_64.raw\nboot_mode=uefi\narchitecture=x86_64\nroot_device_name=/dev/xvda\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sink := &blockSink{}
+	if err := h.s.ImportStarterAMI(bg, env, sink); err != nil {
+		t.Fatal(err)
+	}
+	if len(sink.blocks) != 2 || sink.blocks[1] != 512<<10 || sink.blocks[5] != 512<<10 {
+		t.Fatalf("blocks put: %v, want 1 and 5 only", sink.blocks)
+	}
+	out := must[*ec2.DescribeImagesOutput](t)(h.s.DescribeImages(bg, &ec2.DescribeImagesInput{Filters: []types.Filter{{Name: ptr("name"), Values: []string{"hangar/test-x86_64"}}}}))
+	if len(out.Images) != 1 || out.Images[0].BootMode != types.BootModeValuesUefi || out.Images[0].State != types.ImageStateAvailable {
+		t.Fatalf("images %+v", out.Images)
+	}
+	if err := h.s.ImportStarterAMI(bg, env, sink); err != nil {
+		t.Fatal(err)
+	}
+	out = must[*ec2.DescribeImagesOutput](t)(h.s.DescribeImages(bg, &ec2.DescribeImagesInput{Filters: []types.Filter{{Name: ptr("name"), Values: []string{"hangar/test-x86_64"}}}}))
+	if len(out.Images) != 1 {
+		t.Fatalf("a second import made %d images", len(out.Images))
+	}
+	// It launches.
+	h.run(t, &ec2.RunInstancesInput{ImageId: out.Images[0].ImageId})
 }

@@ -64,7 +64,8 @@ test: deps build vet test-image
 FUZZTIME ?= 10s
 FUZZ_TARGETS := \
 	./services/gateway/sigv4:FuzzVerify \
-	./services/gateway/awsproto:FuzzDecodeQuery
+	./services/gateway/awsproto:FuzzDecodeQuery \
+	./services/vmd/core:FuzzQEMUArgs
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -11,6 +11,8 @@ package manager
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -171,9 +173,17 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, log: cfg.Log, ctx: ctx, inst: map[string]*instance{}}
 	if p := m.qmpSocket("i-0123456789abcdef0"); len(p) > 107 {
-		return nil, fmt.Errorf("runtime directory %s is too long for a unix socket path (%s)", cfg.RuntimeDir, p)
+		// sun_path holds 108 bytes. A deep development directory gets a
+		// short stand-in named after it, so a restart finds it again.
+		sum := sha256.Sum256([]byte(cfg.RuntimeDir))
+		short := filepath.Join(os.TempDir(), "hangar-vm-"+hex.EncodeToString(sum[:])[:12])
+		cfg.Log.Warn("runtime directory too long for QMP socket paths; using a short one", "runtime_dir", cfg.RuntimeDir, "instead", short)
+		m.cfg.RuntimeDir = short
+		if p := m.qmpSocket("i-0123456789abcdef0"); len(p) > 107 {
+			return nil, fmt.Errorf("runtime directory %s is too long for a unix socket path (%s)", short, p)
+		}
 	}
-	for _, d := range []string{filepath.Join(cfg.StateDir, "instances"), cfg.RuntimeDir} {
+	for _, d := range []string{filepath.Join(cfg.StateDir, "instances"), m.cfg.RuntimeDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}

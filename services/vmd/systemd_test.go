@@ -217,6 +217,17 @@ func TestSystemdTransientUnits(t *testing.T) {
 	if s := c.systemctlShow(t, unit, "ActiveState"); s["ActiveState"] != "active" {
 		t.Fatalf("unit %s is %s after start", unit, s["ActiveState"])
 	}
+	// An operator's `systemctl stop` is a shutdown vmd did not ask for:
+	// the instance ends stopped, saying so.
+	e.waitConsole(id, 90*time.Second, "the guest to boot in its new unit", func(s string) bool {
+		return strings.Count(s, testguest.MarkerUp) >= 2 && booted(s)
+	})
+	if out, err := exec.Command("nsenter", "-t", itoa(c.leader), "-a", "systemctl", "stop", unit).CombinedOutput(); err != nil {
+		t.Fatalf("systemctl stop %s: %v: %s", unit, err, out)
+	}
+	if info := e.waitState(id, api.InstanceStateStopped, 60*time.Second); info.StateReason != core.ReasonOutsideShutdown {
+		t.Errorf("after systemctl stop: reason %q", info.StateReason)
+	}
 	if _, err := e.client.TerminateInstance(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}

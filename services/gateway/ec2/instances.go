@@ -803,7 +803,8 @@ func (s *Service) launch(ctx context.Context, id string) error {
 		if info, err = storage.AttachVolume(ctx, volID, id, dev); err != nil {
 			return storageErr(err, volID)
 		}
-		disk := api.InstanceDisk{ID: volID, Socket: info.ExportSocket, DeviceName: dev}
+		// ebsd names each volume's NBD export after the volume.
+		disk := api.InstanceDisk{ID: volID, Socket: info.ExportSocket, Export: volID, DeviceName: dev}
 		if dev == deref(rec.RootDeviceName) {
 			spec.RootVolume = disk
 		} else {

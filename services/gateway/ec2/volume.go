@@ -581,7 +581,7 @@ func (s *Service) AttachVolume(ctx context.Context, in *ec2.AttachVolumeInput) (
 	}
 	// The guest gets the disk now (hot-plug) or at its next start.
 	if s.compute != nil {
-		if _, err := s.compute.AttachVolume(ctx, inst, api.InstanceDisk{ID: id, Socket: info.ExportSocket, DeviceName: dev}); err != nil && !api.IsName(err, api.ErrNotFound) {
+		if _, err := s.compute.AttachVolume(ctx, inst, api.InstanceDisk{ID: id, Socket: info.ExportSocket, Export: id, DeviceName: dev}); err != nil && !api.IsName(err, api.ErrNotFound) {
 			_, _ = st.DetachVolume(context.WithoutCancel(ctx), id, inst)
 			return nil, computeErr(err, inst, string(instance.InstanceType), s.cfg.AvailabilityZone)
 		}

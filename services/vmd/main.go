@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"hangar.dev/hangar/services/internal/api"
 	"hangar.dev/hangar/services/internal/busutil"
 	"hangar.dev/hangar/services/internal/hostconf"
 	"hangar.dev/hangar/services/internal/logging"
@@ -123,6 +124,8 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 		Accel:        accel,
 		AccelProblem: accelProblem,
 		Capacity:     capacity, Runner: run, DB: db, Log: log, Observer: bus,
+		// Taps in a VPC's namespace come opened from hangar-netd.
+		Taps:   api.NetworkClient{Conn: conn},
 		BootID: strings.TrimSpace(string(bootID)), MemoryOverheadMiB: core.OverheadFor(accel).Headroom,
 	})
 	if err != nil {

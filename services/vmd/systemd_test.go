@@ -167,6 +167,11 @@ func TestSystemdTransientUnits(t *testing.T) {
 	unit := "hangar-vm-" + id + ".service"
 	spec := g.spec(id, "", "")
 	spec.VCPUs, spec.MemoryMiB = 2, 384
+	// The NIC is a tap in a VPC-like namespace: a transient unit inherits
+	// no descriptor from vmd, so the tap reaches its QEMU over QMP.
+	n := makeNetnsTap(t)
+	netd := startFakeNetd(t, e.bus, n)
+	spec.NICs = []api.InstanceNIC{n.nic()}
 	info, err := e.client.CreateInstance(ctx(t), spec)
 	if err != nil {
 		t.Fatalf("CreateInstance: %v", err)
@@ -186,7 +191,11 @@ func TestSystemdTransientUnits(t *testing.T) {
 		}
 	}
 	t.Logf("systemctl show %s: %v", unit, show)
-	e.waitConsole(id, 90*time.Second, "the guest to boot in its unit", booted)
+	out := e.waitConsole(id, 90*time.Second, "the guest to boot in its unit", booted)
+	if !strings.Contains(lineWith(out, "HANGAR-NET:"), "eth0") || n.stat(t, "carrier") != 1 || netd.count(n.eni) != 1 {
+		t.Errorf("the unit's guest and its tap: %q, carrier %d, OpenTap called %d times", lineWith(out, "HANGAR-NET:"), n.stat(t, "carrier"), netd.count(n.eni))
+	}
+	waitFor(t, 60*time.Second, "frames from the unit's guest on the tap", func() bool { return n.stat(t, "statistics/rx_packets") > 0 })
 
 	// vmd dies; the unit and its guest do not. The new vmd finds the unit
 	// and reattaches.
@@ -210,12 +219,16 @@ func TestSystemdTransientUnits(t *testing.T) {
 	if !strings.Contains(e.console(id), testguest.MarkerPoweroff) {
 		t.Errorf("the guest did not power off through ACPI")
 	}
+	waitFor(t, 10*time.Second, "the tap to lose its carrier after stop", func() bool { return n.stat(t, "carrier") == 0 })
 	// Start again in a new unit of the same name, then terminate.
 	if _, err := e.client.StartInstance(ctx(t), id); err != nil {
 		t.Fatalf("StartInstance: %v", err)
 	}
 	if s := c.systemctlShow(t, unit, "ActiveState"); s["ActiveState"] != "active" {
 		t.Fatalf("unit %s is %s after start", unit, s["ActiveState"])
+	}
+	if netd.count(n.eni) != 2 || n.stat(t, "carrier") != 1 {
+		t.Errorf("after start: OpenTap called %d times in all, carrier %d", netd.count(n.eni), n.stat(t, "carrier"))
 	}
 	// An operator's `systemctl stop` is a shutdown vmd did not ask for:
 	// the instance ends stopped, saying so.

@@ -788,7 +788,7 @@ func (s *Service) launch(ctx context.Context, id string) error {
 		if err != nil {
 			return networkErr(err, id)
 		}
-		spec.NICs = append(spec.NICs, api.InstanceNIC{ID: deref(eni.NetworkInterfaceId), Tap: info.Tap, MAC: deref(eni.MacAddress)})
+		spec.NICs = append(spec.NICs, api.InstanceNIC{ID: deref(eni.NetworkInterfaceId), Tap: info.Tap, MAC: deref(eni.MacAddress), Namespace: info.Namespace})
 	}
 	if err := s.pushMetadata(ctx, id); err != nil {
 		return networkErr(err, id)

@@ -237,6 +237,7 @@ func TestRunInstancesLaunchesThroughEveryService(t *testing.T) {
 	// vmd got the guest: type's size, the tap netd made, the volumes ebsd serves.
 	spec := h.vmd.specs[id]
 	if spec.VCPUs != 2 || spec.MemoryMiB != 1024 || spec.BootMode != "uefi" || len(spec.NICs) != 1 || spec.NICs[0].Tap == "" ||
+		spec.NICs[0].Namespace != "hangar-"+deref(a.VpcId) ||
 		spec.RootVolume.DeviceName != "/dev/xvda" || !strings.HasSuffix(spec.RootVolume.Socket, ".sock") || len(spec.Volumes) != 1 {
 		t.Fatalf("vmd spec %+v", spec)
 	}

@@ -196,6 +196,13 @@ type InstanceNIC struct {
 	ID  string // eni-…
 	Tap string // tap name on the subnet's bridge
 	MAC string // the ENI's MAC address
+	// Namespace is the network namespace the tap lives in (netd's
+	// InterfaceInfo.Namespace, the VPC's hangar-vpc-…). When set, vmd asks
+	// netd for the tap, opened, each time it starts QEMU (NetworkClient
+	// OpenTap by ID) and hands the descriptor to QEMU over QMP, so neither
+	// vmd nor QEMU enters the VPC's namespace. When empty, the tap is in
+	// vmd's own namespace and QEMU opens it by name (tests, development).
+	Namespace string
 }
 
 // InstanceSMBIOS is what the guest reads from /sys/class/dmi/id.

@@ -176,6 +176,8 @@ func TestValidateSpec(t *testing.T) {
 		"smbios":        mut(func(s *api.InstanceSpec) { s.SMBIOS.Serial = "a,b" }),
 		"behavior":      mut(func(s *api.InstanceSpec) { s.ShutdownBehavior = "hibernate" }),
 		"kernel comma":  mut(func(s *api.InstanceSpec) { s.Kernel = "/k,x" }),
+		"netns name":    mut(func(s *api.InstanceSpec) { s.NICs[0].ID, s.NICs[0].Namespace = "eni-0123456789abcdef0", "../x" }),
+		"netns eni id":  mut(func(s *api.InstanceSpec) { s.NICs[0].Namespace = "hangar-vpc-0123" }),
 	}
 	for name, s := range bad {
 		if err := ValidateSpec(s); err == nil {
@@ -240,6 +242,42 @@ func TestQEMUArgs(t *testing.T) {
 	l.Accel = "hvf"
 	if _, err := QEMUArgs(l); err == nil {
 		t.Error("unknown accelerator accepted")
+	}
+}
+
+// A NIC whose tap is in a VPC's namespace is not on the command line: it
+// is plugged over QMP on its own root port while the guest is held at -S.
+func TestQEMUArgsNamespaceNIC(t *testing.T) {
+	s := validSpec()
+	s.NICs = []api.InstanceNIC{
+		{ID: "eni-0123456789abcdef0", Tap: "ht-0123456789ab", MAC: "02:00:00:AA:BB:01", Namespace: "hangar-vpc-0123456789abcdef0"},
+		{ID: "eni-1", Tap: "tap1", MAC: "02:00:00:aa:bb:02"},
+	}
+	args, err := QEMUArgs(Launch{Spec: s, Accel: AccelTCG, Firmware: Firmware{SeaBIOS: "/bios.bin"},
+		Paths: LaunchPaths{QMPSocket: "/run/q.sock", PIDFile: "/run/q.pid", ConsoleLog: "/var/c.log"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Join(args, " ")
+	if !slices.Contains(args, "-S") {
+		t.Error("no -S: the guest would run before its NICs are plugged")
+	}
+	if strings.Contains(line, "ht-0123456789ab") || strings.Contains(line, "id=nic0") {
+		t.Errorf("the namespace NIC is on the command line:\n%s", line)
+	}
+	for _, want := range []string{"tap,id=net1,ifname=tap1,script=no,downscript=no", "virtio-net-pci,id=nic1,netdev=net1,mac=02:00:00:aa:bb:02,bus=rp1", "serial=vol0123456789abcdef0,bus=rp2,bootindex=0"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("command line lacks %q:\n%s", want, line)
+		}
+	}
+	if got := PluggedNICs(s); !slices.Equal(got, []int{0}) {
+		t.Errorf("PluggedNICs = %v", got)
+	}
+	if d := NICDevice(0, s.NICs[0]); d["bus"] != "rp0" || d["mac"] != "02:00:00:aa:bb:01" || d["netdev"] != "net0" {
+		t.Errorf("NICDevice = %v", d)
+	}
+	if n := NetdevTapFD(0); n["fd"] != TapFDName(0) || n["type"] != "tap" {
+		t.Errorf("NetdevTapFD = %v", n)
 	}
 }
 

@@ -76,6 +76,8 @@ var (
 	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	volumeIDPattern   = regexp.MustCompile(`^vol-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	tapPattern        = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+	netnsPattern      = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	eniIDPattern      = regexp.MustCompile(`^eni-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	smbiosPattern     = regexp.MustCompile(`^[A-Za-z0-9 ._:/()+-]{0,64}$`)
 )
 
@@ -137,6 +139,15 @@ func ValidateSpec(s api.InstanceSpec) error {
 			return fmt.Errorf("nic %d: tap %s is given twice", i, n.Tap)
 		}
 		taps[n.Tap] = true
+		if n.Namespace != "" {
+			// vmd asks netd for the tap by ENI id, so the id must be one.
+			if !netnsPattern.MatchString(n.Namespace) || n.Namespace == "." || n.Namespace == ".." {
+				return fmt.Errorf("nic %d: namespace %q is not a network namespace name", i, n.Namespace)
+			}
+			if !eniIDPattern.MatchString(n.ID) {
+				return fmt.Errorf("nic %d: %q is not an ENI id (eni-0123456789abcdef0); a tap in a namespace is opened by it", i, n.ID)
+			}
+		}
 		mac, err := net.ParseMAC(n.MAC)
 		if err != nil || len(mac) != 6 {
 			return fmt.Errorf("nic %d: %q is not a MAC address", i, n.MAC)
@@ -259,6 +270,9 @@ func QEMUArgs(l Launch) ([]string, error) {
 	sm := ResolveSMBIOS(s)
 	a := []string{
 		"-name", "guest=" + s.ID + ",debug-threads=on",
+		// The guest is held until vmd has plugged what only QMP can carry
+		// (tap descriptors from netd) and says cont.
+		"-S",
 		"-nodefaults", "-no-user-config",
 		"-machine", "q35",
 		"-accel", l.Accel,
@@ -304,9 +318,14 @@ func QEMUArgs(l Launch) ([]string, error) {
 	}
 	port := 0
 	for i, n := range s.NICs {
-		a = append(a,
-			"-netdev", fmt.Sprintf("tap,id=net%d,ifname=%s,script=no,downscript=no", i, n.Tap),
-			"-device", fmt.Sprintf("virtio-net-pci,id=nic%d,netdev=net%d,mac=%s,bus=%s", i, i, strings.ToLower(n.MAC), PortName(port)))
+		// A tap in a VPC's namespace cannot be opened by name from here:
+		// its descriptor comes from netd and reaches QEMU over QMP while
+		// the guest is held at -S (see PluggedNICs). Its port is kept.
+		if n.Namespace == "" {
+			a = append(a,
+				"-netdev", fmt.Sprintf("tap,id=%s,ifname=%s,script=no,downscript=no", NetdevID(i), n.Tap),
+				"-device", deviceArg(NICDevice(i, n)))
+		}
 		port++
 	}
 	if s.RootVolume.ID != "" {
@@ -329,11 +348,48 @@ func QEMUArgs(l Launch) ([]string, error) {
 	return a, nil
 }
 
+// NetdevID is the QEMU netdev of the i-th NIC; NICDeviceID its
+// virtio-net device; TapFDName the name its tap descriptor is passed
+// under (QMP getfd).
+func NetdevID(i int) string    { return fmt.Sprintf("net%d", i) }
+func NICDeviceID(i int) string { return fmt.Sprintf("nic%d", i) }
+func TapFDName(i int) string   { return fmt.Sprintf("tapfd%d", i) }
+
+// NICDevice is the device_add argument (and -device) of the i-th NIC: a
+// virtio-net on the i-th root port with the ENI's MAC.
+func NICDevice(i int, n api.InstanceNIC) map[string]any {
+	return map[string]any{
+		"driver": "virtio-net-pci",
+		"id":     NICDeviceID(i),
+		"netdev": NetdevID(i),
+		"mac":    strings.ToLower(n.MAC),
+		"bus":    PortName(i),
+	}
+}
+
+// NetdevTapFD is the netdev_add argument of the i-th NIC's tap, given to
+// QEMU as the descriptor named TapFDName(i).
+func NetdevTapFD(i int) map[string]any {
+	return map[string]any{"type": "tap", "id": NetdevID(i), "fd": TapFDName(i)}
+}
+
+// PluggedNICs returns the indexes of the NICs vmd plugs over QMP before
+// the guest starts: those whose tap is in another network namespace.
+func PluggedNICs(s api.InstanceSpec) []int {
+	var out []int
+	for i, n := range s.NICs {
+		if n.Namespace != "" {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // deviceArg renders a device map as -device's key=value list, driver
 // first. Values were validated, so none holds a comma.
 func deviceArg(d map[string]any) string {
 	parts := []string{fmt.Sprint(d["driver"])}
-	for _, k := range []string{"id", "drive", "serial", "bus", "bootindex"} {
+	for _, k := range []string{"id", "netdev", "mac", "drive", "serial", "bus", "bootindex"} {
 		if v, ok := d[k]; ok {
 			parts = append(parts, fmt.Sprintf("%s=%v", k, v))
 		}

@@ -62,6 +62,12 @@ type Observer interface {
 	VolumeChanged(id, volumeID, state string)
 }
 
+// TapOpener hands over a NIC's tap, opened in the network namespace it
+// lives in: hangar-netd's OpenTap (api.NetworkClient), or a fake.
+type TapOpener interface {
+	OpenTap(ctx context.Context, eniID string) (*os.File, error)
+}
+
 // Config is what a Manager needs.
 type Config struct {
 	StateDir   string // instances/<id>/{console.log,qemu.log,OVMF_VARS.fd}
@@ -75,9 +81,12 @@ type Config struct {
 	Capacity     core.Capacity
 	Runner       runner.Runner
 	Dial         qmp.Dialer
-	DB           *store.DB
-	Log          *slog.Logger
-	Observer     Observer
+	// Taps opens the taps of NICs that live in a VPC's namespace
+	// (InstanceNIC.Namespace); nil when vmd has no netd to ask.
+	Taps     TapOpener
+	DB       *store.DB
+	Log      *slog.Logger
+	Observer Observer
 	// BootID identifies this boot of the host
 	// (/proc/sys/kernel/random/boot_id): a running instance whose QEMU is
 	// gone and whose record names another boot was lost to a host reboot
@@ -635,6 +644,18 @@ func (m *Manager) connect(ctx context.Context, in *instance, gen int, patience t
 		_ = mon.Close()
 		return err
 	}
+	if status.Status == "prelaunch" {
+		// Held at -S: a fresh launch, or one vmd did not finish before it
+		// stopped. Either way it is finished now.
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := m.startGuest(pctx, in, mon)
+		cancel()
+		if err != nil {
+			_ = mon.Close()
+			return err
+		}
+		status.Running = true
+	}
 	in.mon = mon
 	if pid, err := m.cfg.Runner.Find(ctx, rs); err == nil && pid != 0 {
 		in.pid = pid
@@ -655,6 +676,72 @@ func (m *Manager) connect(ctx context.Context, in *instance, gen int, patience t
 	}
 	m.finishDetaches(ctx, in)
 	m.observer().InstanceChanged(m.info(in), false)
+	return nil
+}
+
+// startGuest lets a QEMU held at -S run, after plugging the NICs whose
+// taps live in a VPC's namespace: QEMU cannot open those by name, so each
+// start asks netd for the tap, opened, and passes the descriptor over QMP
+// (getfd, netdev_add tap fd=…, device_add on the NIC's root port). This
+// works the same for both runners: a transient unit inherits nothing from
+// vmd, but its QMP socket takes descriptors. Once plugged, the netdev is
+// QEMU's for the life of the process, so a reattach after a restart of vmd
+// needs nothing from netd. A NIC found plugged already (vmd stopped
+// half-way through a launch) is left as it is. in.mu is held.
+func (m *Manager) startGuest(ctx context.Context, in *instance, mon qmp.Monitor) error {
+	spec := in.rec.Spec
+	if plug := core.PluggedNICs(spec); len(plug) > 0 {
+		var present []struct {
+			Name string `json:"name"`
+		}
+		if err := mon.Execute(ctx, "qom-list", map[string]any{"path": "/machine/peripheral"}, &present); err != nil {
+			return fmt.Errorf("listing qemu's devices: %w", err)
+		}
+		have := map[string]bool{}
+		for _, p := range present {
+			have[p.Name] = true
+		}
+		for _, i := range plug {
+			nic := spec.NICs[i]
+			if have[core.NICDeviceID(i)] {
+				continue
+			}
+			if err := m.plugNIC(ctx, mon, i, nic); err != nil {
+				return fmt.Errorf("plugging %s (tap %s in namespace %s): %w", nic.ID, nic.Tap, nic.Namespace, err)
+			}
+			m.log.Debug("nic plugged", "instance", spec.ID, "eni", nic.ID, "tap", nic.Tap, "namespace", nic.Namespace)
+		}
+	}
+	if err := mon.Execute(ctx, "cont", nil, nil); err != nil {
+		return fmt.Errorf("starting the guest: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) plugNIC(ctx context.Context, mon qmp.Monitor, i int, nic api.InstanceNIC) error {
+	if m.cfg.Taps == nil {
+		return fmt.Errorf("vmd has no connection to hangar-netd, which holds the tap")
+	}
+	f, err := m.cfg.Taps.OpenTap(ctx, nic.ID)
+	if err != nil {
+		return fmt.Errorf("opening the tap through hangar-netd: %w", err)
+	}
+	defer f.Close() // QEMU has its own copy once getfd returned
+	// A netdev without its device is what a launch interrupted between
+	// the two leaves; QEMU has no query for netdevs, so it is removed
+	// unconditionally (an absent one is an error that changes nothing).
+	_ = mon.Execute(ctx, "netdev_del", map[string]any{"id": core.NetdevID(i)}, nil)
+	if err := mon.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": core.TapFDName(i)}, f, nil); err != nil {
+		return fmt.Errorf("passing the tap to qemu: %w", err)
+	}
+	if err := mon.Execute(ctx, "netdev_add", core.NetdevTapFD(i), nil); err != nil {
+		_ = mon.Execute(ctx, "closefd", map[string]any{"fdname": core.TapFDName(i)}, nil)
+		return err
+	}
+	if err := mon.Execute(ctx, "device_add", core.NICDevice(i, nic), nil); err != nil {
+		_ = mon.Execute(ctx, "netdev_del", map[string]any{"id": core.NetdevID(i)}, nil)
+		return err
+	}
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,11 +24,18 @@ import (
 	"hangar.dev/hangar/services/vmd/runner"
 )
 
-// fakeQEMU is one pretend QEMU process with its monitor.
+// fakeQEMU is one pretend QEMU process with its monitor. It starts held,
+// as -S holds a real one, until cont.
 type fakeQEMU struct {
 	pid    int
 	events chan qmp.Event
 	once   sync.Once
+
+	mu      sync.Mutex
+	running bool
+	fds     map[string]*os.File // getfd'd, not yet taken by a netdev
+	netdevs map[string]*os.File // netdev id -> its tap
+	devices map[string]map[string]any
 }
 
 type fakeRunner struct {
@@ -51,7 +59,8 @@ func (r *fakeRunner) Start(_ context.Context, s runner.Spec) (int, error) {
 		return 0, errors.New("no argv")
 	}
 	r.nextPID++
-	r.procs[s.ID] = &fakeQEMU{pid: r.nextPID, events: make(chan qmp.Event, 16)}
+	r.procs[s.ID] = &fakeQEMU{pid: r.nextPID, events: make(chan qmp.Event, 16),
+		fds: map[string]*os.File{}, netdevs: map[string]*os.File{}, devices: map[string]map[string]any{}}
 	r.starts[s.ID]++
 	return r.nextPID, nil
 }
@@ -77,7 +86,17 @@ func (r *fakeRunner) exit(id string, events ...qmp.Event) {
 	for _, e := range events {
 		p.events <- e
 	}
-	p.once.Do(func() { close(p.events) })
+	p.once.Do(func() {
+		close(p.events)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, f := range p.fds {
+			f.Close()
+		}
+		for _, f := range p.netdevs {
+			f.Close()
+		}
+	})
 }
 
 func (r *fakeRunner) Kill(_ context.Context, s runner.Spec) error { r.exit(s.ID); return nil }
@@ -108,15 +127,70 @@ func (r *fakeRunner) dial(_ context.Context, socket string) (qmp.Monitor, error)
 
 func (m *fakeMonitor) Events() <-chan qmp.Event { return m.p.events }
 func (m *fakeMonitor) Close() error             { return nil }
-func (m *fakeMonitor) Execute(_ context.Context, cmd string, _ any, out any) error {
+func (m *fakeMonitor) Execute(ctx context.Context, cmd string, args any, out any) error {
+	return m.ExecuteWithFile(ctx, cmd, args, nil, out)
+}
+
+func (m *fakeMonitor) ExecuteWithFile(_ context.Context, cmd string, args any, file *os.File, out any) error {
+	p := m.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	arg := func(k string) any { return args.(map[string]any)[k] }
 	switch cmd {
 	case "query-status":
 		if st, ok := out.(*struct {
 			Running bool   `json:"running"`
 			Status  string `json:"status"`
 		}); ok {
-			st.Running, st.Status = true, "running"
+			st.Running, st.Status = p.running, "running"
+			if !p.running {
+				st.Status = "prelaunch"
+			}
 		}
+	case "cont":
+		p.running = true
+	case "qom-list":
+		l := out.(*[]struct {
+			Name string `json:"name"`
+		})
+		for id := range p.devices {
+			*l = append(*l, struct {
+				Name string `json:"name"`
+			}{id})
+		}
+	case "getfd":
+		if file == nil {
+			return errors.New("getfd: no file descriptor supplied via SCM_RIGHTS")
+		}
+		dup, err := syscall.Dup(int(file.Fd())) // QEMU keeps its own copy
+		if err != nil {
+			return err
+		}
+		p.fds[arg("fdname").(string)] = os.NewFile(uintptr(dup), "fd")
+	case "netdev_add":
+		id, fdname := arg("id").(string), arg("fd").(string)
+		if p.netdevs[id] != nil {
+			return fmt.Errorf("duplicate ID '%s' for netdev", id)
+		}
+		f := p.fds[fdname]
+		if f == nil {
+			return fmt.Errorf("file descriptor named '%s' has not been found", fdname)
+		}
+		delete(p.fds, fdname)
+		p.netdevs[id] = f
+	case "netdev_del":
+		id := arg("id").(string)
+		if p.netdevs[id] == nil {
+			return fmt.Errorf("device '%s' not found", id)
+		}
+		p.netdevs[id].Close()
+		delete(p.netdevs, id)
+	case "device_add":
+		d := args.(map[string]any)
+		if d["netdev"] != nil && p.netdevs[d["netdev"].(string)] == nil {
+			return fmt.Errorf("property 'netdev' can't find value '%v'", d["netdev"])
+		}
+		p.devices[d["id"].(string)] = d
 	case "system_powerdown":
 		// a well-behaved guest: POWERDOWN, then it powers off
 		go m.r.exit(m.id, qmp.Event{Name: "POWERDOWN"}, qmp.Event{Name: "SHUTDOWN", Data: map[string]any{"guest": true}})
@@ -315,5 +389,118 @@ func TestCapacityRace(t *testing.T) {
 	var me *Error
 	if _, err := m.Start(context.Background(), id); !errors.As(err, &me) || me.Name != api.ErrInsufficientCapacity {
 		t.Fatalf("start without capacity: %v", err)
+	}
+}
+
+// fakeTaps stands in for hangar-netd's OpenTap: each call hands over a new
+// descriptor (a pipe, which is as good as a tap to the fake QEMU).
+type fakeTaps struct {
+	mu     sync.Mutex
+	opened map[string]int
+	fail   error
+}
+
+func (f *fakeTaps) OpenTap(_ context.Context, eni string) (*os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	w.Close()
+	if f.opened == nil {
+		f.opened = map[string]int{}
+	}
+	f.opened[eni]++
+	return r, nil
+}
+
+func (f *fakeTaps) count(eni string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.opened[eni]
+}
+
+func (r *fakeRunner) proc(id string) *fakeQEMU {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.procs[id]
+}
+
+// A NIC whose tap is in a VPC's namespace gets its tap from netd at every
+// start of QEMU, over QMP before the guest runs; a reattach needs nothing
+// from netd; a launch vmd left half-done is finished when it comes back.
+func TestNamespaceNICsComeFromNetd(t *testing.T) {
+	e := newEnv(t)
+	taps := &fakeTaps{}
+	mk := func() *Manager {
+		m := e.manager("boot-1", roomy)
+		m.cfg.Taps = taps
+		return m
+	}
+	m := mk()
+	ctx := context.Background()
+	const eni = "eni-0123456789abcdef0"
+	sa := spec(a)
+	sa.NICs = []api.InstanceNIC{{ID: eni, Tap: "ht-0123456789ab", MAC: "02:00:00:00:00:0A", Namespace: "hangar-vpc-0123456789abcdef0"}}
+	info, err := m.Create(ctx, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := e.r.proc(a)
+	if info.State != api.InstanceStateRunning || taps.count(eni) != 1 || !p.running {
+		t.Fatalf("after create: %s, %d taps opened, guest running %v", info.State, taps.count(eni), p.running)
+	}
+	if d := p.devices["nic0"]; d == nil || d["bus"] != "rp0" || d["mac"] != "02:00:00:00:00:0a" || p.netdevs["net0"] == nil || len(p.fds) != 0 {
+		t.Fatalf("qemu's devices %v, netdevs %v, loose fds %v", p.devices, p.netdevs, p.fds)
+	}
+
+	// vmd restarts: the guest keeps its netdev; netd is not asked again.
+	m.Close()
+	m = mk()
+	m.Recover(ctx)
+	if info := waitState(t, m, a, api.InstanceStateRunning); info.SystemStatus != api.StatusCheckOK || taps.count(eni) != 1 {
+		t.Fatalf("after reattach: %+v, %d taps opened", info, taps.count(eni))
+	}
+
+	// Stop and start: a new QEMU, a new descriptor.
+	if _, err := m.Stop(ctx, a, false, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, a, api.InstanceStateStopped)
+	if _, err := m.Start(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if taps.count(eni) != 2 || e.r.proc(a).devices["nic0"] == nil {
+		t.Fatalf("after start: %d taps opened, devices %v", taps.count(eni), e.r.proc(a).devices)
+	}
+
+	// vmd stopped between netdev_add and device_add, before cont: the
+	// next vmd finishes the launch instead of leaving the guest held.
+	m.Close()
+	p = e.r.proc(a)
+	p.mu.Lock()
+	p.running = false
+	delete(p.devices, "nic0")
+	p.mu.Unlock()
+	m = mk()
+	m.Recover(ctx)
+	waitState(t, m, a, api.InstanceStateRunning)
+	if !p.running || p.devices["nic0"] == nil || taps.count(eni) != 3 {
+		t.Fatalf("held guest not finished: running %v, devices %v, %d taps opened", p.running, p.devices, taps.count(eni))
+	}
+
+	// netd cannot give the tap: the launch fails and leaves nothing.
+	taps.fail = &api.Error{Name: api.ErrNotFound, Message: "interface eni-0123456789abcdef0 does not exist"}
+	sb := spec(b)
+	sb.NICs = []api.InstanceNIC{{ID: "eni-0bbbbbbbbbbbbbbb2", Tap: "ht-0bbbbbbbbbbb", MAC: "02:00:00:00:00:0b", Namespace: "hangar-vpc-0123456789abcdef0"}}
+	if _, err := m.Create(ctx, sb); err == nil {
+		t.Fatal("create without a tap succeeded")
+	}
+	if _, err := m.Describe(b); err == nil || e.r.proc(b) != nil {
+		t.Fatalf("failed launch left the instance (%v) or its qemu (%v)", err, e.r.proc(b))
 	}
 }

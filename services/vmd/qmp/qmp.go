@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -26,6 +27,10 @@ type Monitor interface {
 	// Execute runs a command; out, when not nil, receives the "return"
 	// value.
 	Execute(ctx context.Context, command string, args any, out any) error
+	// ExecuteWithFile runs a command with a file descriptor passed along
+	// (SCM_RIGHTS), as getfd and add-fd want it. QEMU keeps its own copy;
+	// the caller still owns file.
+	ExecuteWithFile(ctx context.Context, command string, args any, file *os.File, out any) error
 	// Events are delivered in order; the channel is closed when the
 	// connection ends (QEMU exited, or Close).
 	Events() <-chan Event
@@ -107,6 +112,10 @@ func (m *monitor) Close() error {
 }
 
 func (m *monitor) Execute(ctx context.Context, command string, args any, out any) error {
+	return m.ExecuteWithFile(ctx, command, args, nil, out)
+}
+
+func (m *monitor) ExecuteWithFile(ctx context.Context, command string, args any, file *os.File, out any) error {
 	cmd := map[string]any{"execute": command}
 	if args != nil {
 		cmd["arguments"] = args
@@ -121,7 +130,7 @@ func (m *monitor) Execute(ctx context.Context, command string, args any, out any
 	}
 	done := make(chan result, 1)
 	go func() {
-		raw, err := m.mon.Run(b)
+		raw, err := m.mon.RunWithFile(b, file)
 		done <- result{raw, err}
 	}()
 	select {
@@ -146,6 +155,12 @@ func (m *monitor) Execute(ctx context.Context, command string, args any, out any
 		// A reply that nobody reads would wedge go-qemu's reader, so a
 		// command given up on costs the connection; the manager reconnects.
 		_ = m.Close()
+		if file != nil {
+			// The caller closes file once we return: the send must be
+			// over by then (closing the connection ends it), or a reused
+			// descriptor number could reach QEMU.
+			<-done
+		}
 		return fmt.Errorf("qmp %s: %w", command, ctx.Err())
 	}
 }

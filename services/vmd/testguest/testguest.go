@@ -217,6 +217,8 @@ done
 # Ctrl-Alt-Del reaches init as SIGINT.
 trap 'echo "` + MarkerCAD + `"; reboot -f' INT
 echo "HANGAR-NET: $(ls /sys/class/net | tr '\n' ' ')"
+# Links up: the kernel's IPv6 DAD and router solicitations show on the tap.
+for n in $(ls /sys/class/net); do ip link set "$n" up; done
 case " $(cat /proc/cmdline) " in *" hangar.poweroff "*) echo "` + MarkerSelfOff + `"; poweroff -f;; esac
 last="-"
 while true; do

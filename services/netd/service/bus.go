@@ -139,8 +139,12 @@ func ExportBus(srv *busutil.Server, s *Service, log *slog.Logger) (*Bus, error) 
 				return -1, busError(err)
 			}
 			// The reply carries a duplicate; ours is closed once the
-			// reply has surely been written.
-			time.AfterFunc(30*time.Second, func() { _ = f.Close() })
+			// reply has surely been written (godbus writes it right after
+			// this returns, on this goroutine). Not much later: while our
+			// copy is open the tap stays attached, so its carrier stays up
+			// after the guest is gone and the next start of the instance
+			// gets EBUSY (a single-queue tap takes one opener).
+			time.AfterFunc(2*time.Second, func() { _ = f.Close() })
 			return dbus.UnixFD(f.Fd()), nil
 		},
 		api.NetSetInstanceMetadata: func(eni string, md api.InstanceMetadata) *dbus.Error {

@@ -23,6 +23,7 @@ import (
 	"hangar.dev/hangar/services/gateway/awsmodel"
 	"hangar.dev/hangar/services/gateway/ebs"
 	"hangar.dev/hangar/services/gateway/ec2"
+	"hangar.dev/hangar/services/gateway/iam"
 	"hangar.dev/hangar/services/gateway/server"
 	"hangar.dev/hangar/services/gateway/sts"
 	"hangar.dev/hangar/services/internal/api"
@@ -114,9 +115,16 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 	}
 	keyStore := &reloadableKeys{}
 	keyStore.set(keys)
-	srv := server.New(server.Config{AccountID: cfg.AccountID, Region: cfg.Region, Keys: keyStore, Log: log.With("component", "api")})
+	// IAM's roles and profiles and STS's temporary keys live in the same
+	// state file; the verifier finds a key in the host's credentials
+	// first, then among the temporary keys STS issued.
+	iamsvc := iam.New(store, cfg.AccountID, log.With("component", "iam"))
+	stssvc := sts.New(iamsvc, log.With("component", "sts"))
+	go stssvc.RunPurge(ctx)
+	srv := server.New(server.Config{AccountID: cfg.AccountID, Region: cfg.Region, Keys: keyStore, Temporary: stssvc, Log: log.With("component", "api")})
 	srv.RegisterQuery("ec2", awsmodel.MustLoad("ec2"), ec2svc, ec2svc.Idempotency)
-	srv.RegisterQuery("sts", awsmodel.MustLoad("sts"), sts.Service{})
+	srv.RegisterQuery("sts", awsmodel.MustLoad("sts"), stssvc)
+	srv.RegisterQuery("iam", awsmodel.MustLoad("iam"), iamsvc)
 
 	if listen == "" {
 		listen = cfg.APIListen

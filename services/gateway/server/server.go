@@ -54,6 +54,13 @@ func (s StaticKeys) Lookup(id string) (creds.Key, bool) {
 	return creds.Key{}, false
 }
 
+// TemporaryKeys finds the temporary keys STS issued: each acts as a
+// principal of its own (an assumed role, or the session of a host key)
+// and stops working when it expires.
+type TemporaryKeys interface {
+	LookupTemporary(accessKeyID string) (caller *reqctx.Caller, expires time.Time, ok bool)
+}
+
 // Middleware wraps a handler call; the EC2 service uses it for ClientToken
 // idempotency.
 type Middleware func(ctx context.Context, h Handler, in any, next func(context.Context, any) (any, error)) (any, error)
@@ -80,6 +87,8 @@ type Config struct {
 	AccountID string
 	Region    string
 	Keys      KeyStore
+	// Temporary, when set, is asked for the keys Keys does not have.
+	Temporary TemporaryKeys
 	Log       *slog.Logger
 	// Now is the clock signatures are checked against; time.Now when nil.
 	Now func() time.Time
@@ -264,6 +273,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 func (s *Server) authenticate(r *http.Request, body []byte, auth *sigv4.Auth) (*reqctx.Caller, *awserr.Error) {
 	now := s.cfg.Now()
 	key, ok := s.cfg.Keys.Lookup(auth.AccessKeyID)
+	var (
+		temp    *reqctx.Caller
+		expires time.Time
+	)
+	if !ok && s.cfg.Temporary != nil {
+		if temp, expires, ok = s.cfg.Temporary.LookupTemporary(auth.AccessKeyID); ok {
+			key = temp.Key
+		}
+	}
 	if !ok {
 		return nil, authError(auth.Service, &sigv4.Error{Kind: sigv4.UnknownKey}, now)
 	}
@@ -289,7 +307,31 @@ func (s *Server) authenticate(r *http.Request, body []byte, auth *sigv4.Auth) (*
 		return nil, authError(auth.Service, &sigv4.Error{Kind: sigv4.BadScope,
 			Message: fmt.Sprintf("Credential should be scoped to a valid region. This host serves region '%s', not '%s'.", s.cfg.Region, auth.Region)}, now)
 	}
+	if temp != nil {
+		// Expiry is told only to whoever proved they hold the secret
+		// and the token.
+		if !now.Before(expires) {
+			return nil, expiredToken(auth.Service)
+		}
+		return temp, nil
+	}
 	return callerOf(key, s.cfg.AccountID), nil
+}
+
+// expiredToken words a temporary key used after its expiry as each
+// service does: EC2's RequestExpired (which the SDKs take as a cue to
+// refresh credentials), the JSON services' ExpiredTokenException, and the
+// Query services' ExpiredToken.
+func expiredToken(service string) *awserr.Error {
+	const msg = "The security token included in the request is expired"
+	switch service {
+	case "ec2":
+		return awserr.New(http.StatusBadRequest, "RequestExpired", "Request has expired.")
+	case "ebs", "eks":
+		return awserr.New(http.StatusForbidden, "ExpiredTokenException", msg)
+	default:
+		return awserr.New(http.StatusForbidden, "ExpiredToken", msg)
+	}
 }
 
 func callerOf(key creds.Key, account string) *reqctx.Caller {
@@ -488,7 +530,13 @@ func (s *Server) serveQuery(ctx context.Context, q *queryService, r *http.Reques
 	}
 	in := reflect.New(h.In).Interface()
 	if err := awsproto.DecodeQuery(q.model, op, form, in); err != nil {
-		return op, nil, awserr.As(err)
+		e := awserr.As(err)
+		if q.model.Metadata.Protocol == "query" && (e.Code == "MissingParameter" || e.Code == "InvalidParameterValue") {
+			// IAM and STS say ValidationError for any parameter that
+			// breaks the model's constraints.
+			e = &awserr.Error{Code: "ValidationError", Message: e.Message, Status: e.Status, Sender: e.Sender}
+		}
+		return op, nil, e
 	}
 	caller := reqctx.From(ctx).Caller
 	if caller.ReadOnly() && !readOnlyOp(op) {

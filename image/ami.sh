@@ -58,7 +58,8 @@ if [ -z "$dry" ]; then
 	[ "$(id -u)" = 0 ] || { echo "image/ami.sh: bootc-image-builder needs root (rootful podman)" >&2; exit 1; }
 fi
 
-run podman build --pull=newer --tag "$image" --file Containerfile .
+# The starter stage runs mmdebstrap, which mounts /proc in its chroot.
+run podman build --pull=newer --tag "$image" --cap-add=SYS_ADMIN --file Containerfile .
 run podman run --rm --privileged --pull=newer \
 	--security-opt label=type:unconfined_t \
 	--volume /var/lib/containers/storage:/var/lib/containers/storage \

@@ -3,9 +3,17 @@
 # the bootc image (Containerfile). Both install image/packages.list and the
 # overlay image/install-overlay.sh lays from image/files.list.
 #
-#   image/build.sh [--bin DIR] [--out DIR]
+#   image/build.sh [--bin DIR] [--out DIR] [--starter DIR]
 #
 # Stages, each reusing what did not change:
+#   0. starter image/starter-ami/out (or --starter DIR): the starter AMI, a
+#              Debian 12 cloud disk and its ami.env, built by
+#              image/starter-ami/build.sh with its own cache (minutes the
+#              first time, nothing when up to date). The image carries it in
+#              /usr/share/hangar/starter/ and the gateway imports it as the
+#              AMI hangar/debian-12-x86_64 when STARTER_AMI=yes (the
+#              default). HANGAR_STARTER_AMI=no leaves it out (first boot's
+#              readiness report then says so).
 #   1. base    OUT/cache/base-KEY.tar: Debian 12 with the packages, built by
 #              mmdebstrap from this machine's apt sources. KEY hashes the
 #              package list, the sources and this recipe, so it is rebuilt
@@ -25,19 +33,25 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 bin=$repo/bin
 out=$here/out
+starter=$here/starter-ami/out
 base_only=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--bin) bin=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
+	--starter) starter=$2; shift 2 ;;
 	--base-only) base_only=1; shift ;;
 	*) echo "image/build.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 
-# Sizes of the disk: the root filesystem is sparse, so 4 GiB costs only what
-# the files use; the guest's hangar state lives on it.
-ROOT_MB=${HANGAR_ROOT_MB:-4096}
+# Sizes of the disk: the root filesystem is sparse, so its size costs only
+# what the files use. The guest's hangar state lives on it: about 0.6 GiB of
+# system, the starter disk (0.45 GiB of data in a 2 GiB sparse file), its
+# import into ebsd's block store (as much again), and what instances write
+# to their root volumes (up to the AMI's 2 GiB each). 6 GiB leaves room for
+# a couple of instances; a metal host keeps /var/lib/hangar on its own disk.
+ROOT_MB=${HANGAR_ROOT_MB:-6144}
 ESP_MB=128
 SUITE=bookworm
 # Bump when the base recipe below changes in a way the key cannot see.
@@ -72,6 +86,15 @@ if ! flock -n 9; then
 fi
 packages=$("$here/packages.sh" debian)
 
+# ---- 0. starter AMI ---------------------------------------------------------
+if [ -n "$base_only" ] || [ "${HANGAR_STARTER_AMI:-yes}" = no ]; then
+	starter=
+	[ -n "$base_only" ] || log "starter AMI: left out (HANGAR_STARTER_AMI=no)"
+else
+	"$here/starter-ami/build.sh" --out "$starter" || die "building the starter AMI failed"
+	[ -s "$starter/ami.env" ] || die "no ami.env in $starter"
+fi
+
 # ---- 1. base --------------------------------------------------------------
 key=$( {
 	echo "recipe $RECIPE suite $SUITE"
@@ -105,13 +128,29 @@ fi
 
 [ -z "$base_only" ] || exit 0
 
+# Stages 2 and 3 take half a minute (most of it copying the starter disk
+# into the root file system); skip both when nothing that goes into the
+# image changed: the base, the starter AMI, the binaries, and every file
+# of the repository the overlay or this script reads.
+inputs=$( {
+	echo "recipe $RECIPE base $key root $ROOT_MB esp $ESP_MB"
+	[ -n "$starter" ] && grep '^key=' "$starter/ami.env"
+	find "$bin" "$repo/units" "$repo/docs" "$here/files.list" "$here/install-overlay.sh" "$here/build.sh" \
+		"$here/host.conf.defaults" "$here/host.conf.example" "$here/cloud" "$here/network" -type f 2>/dev/null |
+		LC_ALL=C sort | xargs sha256sum
+} | sha256sum | cut -c1-16)
+if grep -qs "^inputs=$inputs\$" "$out/image.env" && [ -d "$out/rootfs" ] && [ -s "$out/disk.raw" ]; then
+	log "up to date: $out/disk.raw (nothing that goes into it changed)"
+	exit 0
+fi
+
 # ---- 2. rootfs ------------------------------------------------------------
 # Unpacked afresh each time: cheap (seconds) and nothing stale survives.
 root=$out/rootfs
 rm -rf "$root" "$root.tmp"
 mkdir -p "$root.tmp"
 tar -C "$root.tmp" -xf "$base"
-"$here/install-overlay.sh" --root "$root.tmp" --bin "$bin" --repo "$repo"
+"$here/install-overlay.sh" --root "$root.tmp" --bin "$bin" --repo "$repo" ${starter:+--starter "$starter"}
 
 # Dev-image settings (the AMI gets these from cloud-init and its own base):
 # root logs in on the serial console without a password, the root file
@@ -179,13 +218,15 @@ mv "$disk.tmp" "$disk"
 
 # What make run and tests/image read: where the pieces are and how big.
 {
+	echo "inputs=$inputs"
 	echo "base=$base"
 	echo "rootfs=$root"
 	echo "disk=$disk"
 	echo "kernel=$out/vmlinuz"
 	echo "initrd=$out/initrd.img"
 	echo "cmdline=$cmdline"
-	echo "rootfs_bytes=$(du -sb "$root" | cut -f1)"
+	echo "starter_ami=${starter:+/usr/share/hangar/starter/ami.env}"
+	echo "rootfs_bytes=$(du -sB1 "$root" | cut -f1)"
 	echo "disk_bytes_used=$(du -B1 "$disk" | cut -f1)"
 	echo "disk_bytes=$(stat -c %s "$disk")"
 } >"$out/image.env"

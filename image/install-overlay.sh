@@ -1,18 +1,25 @@
 #!/bin/sh
-# install-overlay.sh --root ROOT --bin DIR [--repo DIR]: lay hangar's files
-# (image/files.list) into an image root and enable its units by preset.
-# The dev disk builder and the Containerfile both run it.
+# install-overlay.sh --root ROOT --bin DIR [--repo DIR] [--starter DIR]: lay
+# hangar's files (image/files.list) into an image root and enable its units
+# by preset. --starter names the starter AMI's directory
+# (image/starter-ami/build.sh --out DIR); without it the image has no
+# starter AMI. The dev disk builder and the Containerfile both run it.
 set -eu
-root= bin= repo=$(cd "$(dirname "$0")/.." && pwd)
+root= bin= starter= repo=$(cd "$(dirname "$0")/.." && pwd)
 while [ $# -gt 0 ]; do
 	case $1 in
 	--root) root=$2; shift 2 ;;
 	--bin) bin=$2; shift 2 ;;
 	--repo) repo=$2; shift 2 ;;
+	--starter) starter=$2; shift 2 ;;
 	*) echo "install-overlay.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
-[ -n "$root" ] && [ -n "$bin" ] || { echo "usage: install-overlay.sh --root ROOT --bin DIR [--repo DIR]" >&2; exit 2; }
+[ -n "$root" ] && [ -n "$bin" ] || { echo "usage: install-overlay.sh --root ROOT --bin DIR [--repo DIR] [--starter DIR]" >&2; exit 2; }
+if [ -n "$starter" ] && [ ! -s "$starter/ami.env" ]; then
+	echo "install-overlay.sh: no starter AMI in $starter (image/starter-ami/build.sh --out $starter makes it)" >&2
+	exit 1
+fi
 [ "$root" = / ] && root=
 
 log() { printf 'overlay: %s\n' "$*" >&2; }
@@ -23,6 +30,10 @@ while read -r src dest mode when rest; do
 	[ -n "$when" ] && [ -z "$rest" ] || { log "bad line in files.list: $src $dest $mode $when $rest"; exit 1; }
 	case $src in
 	bin/*) base=$bin pat=${src#bin/} ;;
+	starter/*)
+		# Only with --starter; the starter AMI's own lines are optional.
+		[ -n "$starter" ] || continue
+		base=$starter pat=${src#starter/} ;;
 	*) base=$repo pat=$src ;;
 	esac
 	matched=

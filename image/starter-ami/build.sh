@@ -7,7 +7,8 @@
 #
 # Writes DIR/debian-12-x86_64.raw (sparse; 2 GiB apparent) and DIR/ami.env,
 # which says how to register it: boot mode uefi (systemd-boot on the ESP),
-# architecture x86_64, root device /dev/xvda. The Debian tree is cached by
+# architecture x86_64, root device /dev/xvda, and the disk by its file name
+# (found next to ami.env, wherever an image puts the two). The Debian tree is cached by
 # package list and sources in DIR/cache, so a rebuild takes seconds.
 # First boot of a hangar host imports the disk through ebsd as the AMI
 # hangar/debian-12-x86_64.
@@ -51,6 +52,13 @@ fi
 
 packages=$(grep -v '^#' "$here/packages.list" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
 mkdir -p "$out/cache"
+# One build at a time: the image build, make bench and a developer may all
+# ask for the disk at once; the second waits and then finds it up to date.
+exec 8>"$out/.lock"
+if ! flock -n 8; then
+	log "waiting for another build of $out"
+	flock 8
+fi
 # The tree is keyed by what goes into it; the disk also by this script and
 # the cloud-init settings, which are laid onto the tree at disk time.
 treekey=$( {
@@ -145,7 +153,7 @@ mv "$disk.tmp" "$disk"
 	echo "key=$key"
 	echo "name=hangar/debian-12-x86_64"
 	echo "description=Debian 12 (bookworm) with cloud-init, built by hangar"
-	echo "disk=$disk"
+	echo "disk=$(basename "$disk")"
 	echo "boot_mode=uefi"
 	echo "architecture=x86_64"
 	echo "root_device_name=/dev/xvda"

@@ -33,6 +33,7 @@ func main() {
 	flag.StringVar(&p.TLSDir, "tls-dir", p.TLSDir, "directory for the CA and the API certificate")
 	flag.StringVar(&p.StateDir, "state-dir", envOr("STATE_DIRECTORY", p.StateDir), "directory for the persistent host identity")
 	flag.StringVar(&p.KVMDevice, "kvm-device", p.KVMDevice, "the KVM device to probe")
+	flag.StringVar(&p.StarterAMI, "starter-ami", p.StarterAMI, "the bundled starter AMI's ami.env, checked when STARTER_AMI=yes (empty: no check)")
 	flag.StringVar(&o.Owner, "owner", "", "user given the credentials and the API key (the gateway's)")
 	flag.StringVar(&o.Listen, "listen", "", "replace API_LISTEN (development)")
 	check := flag.String("check", "", "only validate this host.conf and print the report")

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"hangar.dev/hangar/services/internal/hostconf"
+	"hangar.dev/hangar/services/internal/kvm"
 )
 
 // Paths are where first boot reads and writes. DefaultPaths is the image's
@@ -45,6 +46,13 @@ type Paths struct {
 	TLSDir        string // CA and server certificate: /etc/hangar/tls
 	StateDir      string // persistent identity (account id): /var/lib/hangar
 	KVMDevice     string // /dev/kvm
+	// SysModule and CPUInfo are what the KVM verdict reads besides the
+	// device ("" = /sys/module, /proc/cpuinfo).
+	SysModule, CPUInfo string
+	// StarterAMI is the bundled starter AMI's description
+	// (/usr/share/hangar/starter/ami.env), which the gateway imports when
+	// STARTER_AMI=yes; "" skips the check (hangar dev).
+	StarterAMI string
 }
 
 // DefaultPaths is the layout of the image (see docs/image.md).
@@ -58,6 +66,7 @@ func DefaultPaths() Paths {
 		TLSDir:        "/etc/hangar/tls",
 		StateDir:      "/var/lib/hangar",
 		KVMDevice:     "/dev/kvm",
+		StarterAMI:    "/usr/share/hangar/starter/ami.env",
 	}
 }
 
@@ -138,9 +147,10 @@ func Run(ctx context.Context, log *slog.Logger, p Paths, o Options) (*Result, er
 	ensureCredentials(p.Credentials, cfg, rep, o.Owner, &res.Readiness, act)
 	ensureTLS(p.TLSDir, cfg, o, &res.Readiness, act)
 
-	// 5. What the machine lacks.
-	checkKVM(p.KVMDevice, cfg, &res.Readiness)
+	// 5. What the machine and the image lack.
+	checkKVM(kvm.Probe{Device: p.KVMDevice, SysModule: p.SysModule, CPUInfo: p.CPUInfo}, cfg, &res.Readiness)
 	checkStorage(p.StateDir, o.MinFreeBytes, &res.Readiness)
+	checkStarterAMI(p.StarterAMI, cfg, &res.Readiness)
 
 	// 6. Hand the result to the services, then the report to operators.
 	if err := saveIfChanged(p.RuntimeConfig, cfg, act); err != nil {
@@ -248,35 +258,64 @@ func saveIfChanged(path string, cfg hostconf.Config, act func(string, ...any)) e
 	return nil
 }
 
-func checkKVM(dev string, cfg hostconf.Config, r *hostconf.Readiness) {
-	err := probeKVM(dev)
-	if err == nil {
+// checkKVM reports what hangar-vmd will do with guests: it reads the same
+// verdict (services/internal/kvm) vmd uses to pick KVM, TCG when
+// ALLOW_SOFTWARE_EMULATION=yes, or nothing.
+func checkKVM(p kvm.Probe, cfg hostconf.Config, r *hostconf.Readiness) {
+	ok, why := p.Usable()
+	if ok {
 		return
 	}
 	if cfg.AllowSoftwareEmulation {
-		r.Add(hostconf.ReasonSoftwareEmulationOnly, false, "%v; guests run under QEMU TCG (ALLOW_SOFTWARE_EMULATION=yes), 10-50x slower", err)
+		r.Add(hostconf.ReasonSoftwareEmulationOnly, false, "%s; guests run under QEMU TCG (ALLOW_SOFTWARE_EMULATION=yes), 10-50x slower", why)
 		return
 	}
-	r.Add(hostconf.ReasonKVMUnavailable, true, "%v; instances cannot start (enable virtualisation, or set ALLOW_SOFTWARE_EMULATION=yes)", err)
+	r.Add(hostconf.ReasonKVMUnavailable, true, "%s; instances cannot start (enable virtualisation, or set ALLOW_SOFTWARE_EMULATION=yes)", why)
 }
 
-// probeKVM opens the device and asks its API version, which every working
-// KVM answers with 12.
-func probeKVM(dev string) error {
-	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+// checkStarterAMI says when STARTER_AMI=yes but the image carries no
+// usable starter AMI for the gateway to import: the host still serves, but
+// run-instances has no image until someone registers one.
+func checkStarterAMI(envPath string, cfg hostconf.Config, r *hostconf.Readiness) {
+	if envPath == "" || !cfg.StarterAMI {
+		return
+	}
+	const consequence = "no AMI hangar/debian-12-x86_64 will be imported; register one (ebs start-snapshot, ec2 register-image) or set STARTER_AMI=no"
+	name, disk, err := readStarterEnv(envPath)
 	if err != nil {
-		return fmt.Errorf("%s cannot be opened (%s)", dev, errText(err))
+		r.Add(hostconf.ReasonStarterAMIMissing, false, "STARTER_AMI=yes but %v; %s", err, consequence)
+		return
 	}
-	defer f.Close()
-	const kvmGetAPIVersion = 0xAE00
-	v, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), kvmGetAPIVersion, 0)
-	if errno != 0 {
-		return fmt.Errorf("%s does not answer KVM_GET_API_VERSION (%v)", dev, errno)
+	if _, err := os.Stat(disk); err != nil {
+		r.Add(hostconf.ReasonStarterAMIMissing, false, "STARTER_AMI=yes but the disk of %s (%s) is missing (%s); %s", name, disk, errText(err), consequence)
 	}
-	if v != 12 {
-		return fmt.Errorf("%s reports KVM API version %d, not 12", dev, v)
+}
+
+// readStarterEnv reads the name and the disk from a starter AMI's ami.env
+// (written by image/starter-ami/build.sh); the disk is found next to it.
+func readStarterEnv(path string) (name, disk string, err error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", fmt.Errorf("the image has no starter AMI (%s: %s)", path, errText(err))
 	}
-	return nil
+	for _, line := range strings.Split(string(raw), "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), "=")
+		switch k {
+		case "name":
+			name = v
+		case "disk":
+			disk = v
+		}
+	}
+	if name == "" || disk == "" {
+		return "", "", fmt.Errorf("%s names no image or disk", path)
+	}
+	// As the gateway does: the path as written when it exists, else the
+	// file of that name next to ami.env, wherever the image put both.
+	if _, err := os.Stat(disk); err != nil || !filepath.IsAbs(disk) {
+		disk = filepath.Join(filepath.Dir(path), filepath.Base(disk))
+	}
+	return name, disk, nil
 }
 
 func checkStorage(dir string, minFree uint64, r *hostconf.Readiness) {

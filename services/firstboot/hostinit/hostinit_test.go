@@ -439,3 +439,60 @@ func TestListenOverride(t *testing.T) {
 		t.Fatalf("runtime config %+v, %v", c, err)
 	}
 }
+
+// The image carries a starter AMI the gateway imports when STARTER_AMI=yes;
+// when it does not, the report says so, as a warning: the API still serves.
+func TestStarterAMI(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(e *env)
+		conf  string
+		want  string // "" for no StarterAMIMissing line
+	}{
+		{name: "present", setup: func(e *env) {
+			os.WriteFile(e.p.StarterAMI, []byte("name=hangar/debian-12-x86_64\ndisk=debian-12-x86_64.raw\nboot_mode=uefi\n"), 0o644)
+			os.WriteFile(filepath.Join(filepath.Dir(e.p.StarterAMI), "debian-12-x86_64.raw"), []byte("disk"), 0o644)
+		}},
+		{name: "an ami.env from a build tree names an absolute path", setup: func(e *env) {
+			os.WriteFile(e.p.StarterAMI, []byte("name=hangar/debian-12-x86_64\ndisk=/build/machine/out/debian-12-x86_64.raw\n"), 0o644)
+			os.WriteFile(filepath.Join(filepath.Dir(e.p.StarterAMI), "debian-12-x86_64.raw"), []byte("disk"), 0o644)
+		}},
+		{name: "image without one", setup: func(e *env) {},
+			want: "StarterAMIMissing: STARTER_AMI=yes but the image has no starter AMI (" + "%s: no such file or directory); no AMI hangar/debian-12-x86_64 will be imported"},
+		{name: "disk missing", setup: func(e *env) {
+			os.WriteFile(e.p.StarterAMI, []byte("name=hangar/debian-12-x86_64\ndisk=debian-12-x86_64.raw\n"), 0o644)
+		}, want: "the disk of hangar/debian-12-x86_64 (%s/debian-12-x86_64.raw) is missing (no such file or directory)"},
+		{name: "ami.env without a disk", setup: func(e *env) {
+			os.WriteFile(e.p.StarterAMI, []byte("name=hangar/debian-12-x86_64\n"), 0o644)
+		}, want: "%s names no image or disk"},
+		{name: "not wanted", setup: func(e *env) {}, conf: "STARTER_AMI=no\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			dir := filepath.Join(e.dir, "usr/share/hangar/starter")
+			os.MkdirAll(dir, 0o755)
+			e.p.StarterAMI = filepath.Join(dir, "ami.env")
+			e.conf("ALLOW_SOFTWARE_EMULATION=yes\n" + tc.conf)
+			tc.setup(e)
+			res := e.run()
+			if !res.Readiness.Ready {
+				t.Errorf("a missing starter AMI made the host not ready: %v", reasonLines(res.Readiness))
+			}
+			if tc.want == "" {
+				if res.Readiness.Has(hostconf.ReasonStarterAMIMissing) {
+					t.Errorf("unexpected: %v", reasonLines(res.Readiness))
+				}
+				return
+			}
+			want := tc.want
+			if strings.Contains(want, "%s") {
+				arg := dir
+				if strings.Contains(want, "(%s:") || strings.HasPrefix(want, "%s") {
+					arg = e.p.StarterAMI
+				}
+				want = strings.Replace(want, "%s", arg, 1)
+			}
+			wantReasons(t, res.Readiness, want)
+		})
+	}
+}

@@ -17,6 +17,7 @@ const (
 	ReasonCredentialsMissing    = "CredentialsMissing"
 	ReasonConfigWarning         = "ConfigWarning"
 	ReasonTLSUnavailable        = "TLSUnavailable"
+	ReasonStarterAMIMissing     = "StarterAMIMissing"
 )
 
 // Reason is one line of the readiness report: a prerequisite that is

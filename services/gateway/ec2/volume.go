@@ -316,7 +316,14 @@ func (s *Service) DescribeVolumes(ctx context.Context, in *ec2.DescribeVolumesIn
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPager(in.MaxResults, in.NextToken, 5, 500)
+	// EC2 documents MaxResults as 5 to 500 and answers a larger value with
+	// 500 volumes rather than an error; a plain `aws ec2 describe-volumes`
+	// asks for 1000 (the CLI's EC2 page-size injector).
+	maxResults := in.MaxResults
+	if maxResults != nil && *maxResults > 500 {
+		maxResults = ptr(int32(500))
+	}
+	p, err := newPager(maxResults, in.NextToken, 5, 500)
 	if err != nil {
 		return nil, err
 	}

@@ -259,7 +259,14 @@ func TestDescribeVolumesFiltersAndPages(t *testing.T) {
 	if len(seen) != 7 || pages != 2 {
 		t.Fatalf("paging saw %d volumes in %d pages", len(seen), pages)
 	}
-	_, err := s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{Filters: []types.Filter{{Name: ptr("colour"), Values: []string{"x"}}}})
+	// Above 500 is 500 (what the aws CLI sends), below 5 is an error.
+	out = must[*ec2.DescribeVolumesOutput](t)(s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{MaxResults: ptr(int32(1000))}))
+	if len(out.Volumes) != 7 || out.NextToken != nil {
+		t.Fatalf("MaxResults 1000: %d volumes, token %v", len(out.Volumes), out.NextToken)
+	}
+	_, err := s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{MaxResults: ptr(int32(4))})
+	wantCode(t, err, "InvalidParameterValue")
+	_, err = s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{Filters: []types.Filter{{Name: ptr("colour"), Values: []string{"x"}}}})
 	wantCode(t, err, "InvalidParameterValue")
 	_, err = s.DescribeVolumes(bg, &ec2.DescribeVolumesInput{VolumeIds: []string{"vol-0123456789abcdef0"}})
 	wantCode(t, err, "InvalidVolume.NotFound")

@@ -8,11 +8,18 @@
 // disconnects, and writes from any other get EPERM. A write is applied only
 // once its whole payload has arrived, so a client that disconnects
 // mid-request changes nothing. FLUSH and FUA are answered only after the
-// export's Flush returned.
+// export's Flush returned, and only after every write received before them
+// was applied.
+//
+// Requests are served on the connection's goroutine. A burst of reads (or
+// of writes) that the client sent back to back is sorted by offset and
+// each contiguous stretch is served with one ReadAt or WriteAt; writes
+// that overlap keep the order they were sent in.
 package nbd
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 )
@@ -202,6 +210,7 @@ type conn struct {
 	// reply finished meanwhile is flushed by whoever finished it.
 	idle bool
 	wg   sync.WaitGroup
+	b    batch // only the transmit goroutine touches it
 }
 
 func (c *conn) serve() error {
@@ -353,25 +362,58 @@ type request struct {
 	off    uint64
 	length uint32
 	data   []byte
-	async  bool // handled on its own goroutine
 	urgent bool // FLUSH or FUA: its reply is sent at once
 }
 
-// maxInFlight bounds the requests one connection runs at once.
+// maxInFlight bounds the FLUSH and FUA requests one connection runs at once.
 const maxInFlight = 32
 
-// transmit serves requests. Reads and writes that the page cache answers
-// run inline, their replies batched into one write for every burst of
-// requests the client sent together; FLUSH, FUA writes and large requests
-// run on their own goroutines so an fsync never holds up the pipeline.
+// maxBatch bounds the bytes of one batch of reads or writes, and
+// maxMerge the size of a request that may join a batch.
+const (
+	maxBatch = 4 << 20
+	maxMerge = 1 << 20
+)
+
+// batch is a burst of READs, or of WRITEs without FUA, that the client
+// sent back to back. Clients keep many requests in flight and send them in
+// no particular order (QEMU's NBD client interleaves its coroutines), so a
+// batch is sorted by offset and every contiguous stretch is served with one
+// ReadAt or WriteAt; the replies are written together.
+type batch struct {
+	typ  uint16
+	rqs  []batched
+	slab []byte // the payloads of writes, in arrival order
+	sc   []byte // scratch: merged writes, read destinations
+	idx  []int
+}
+
+type batched struct {
+	handle uint64
+	off    uint64
+	length uint32
+	pos    int // of the payload in slab
+}
+
+// transmit serves requests. Reads and writes are gathered into a batch
+// while the client has more requests waiting; the batch is served when a
+// request of another kind comes or before waiting for the client, and the
+// replies go out in one write per burst. Other requests are served in
+// order after the batch before them; FLUSH and FUA writes run on their own
+// goroutines, after every write before them was applied, so an fsync never
+// holds up the pipeline.
 func (c *conn) transmit() error {
 	c.w = bufio.NewWriterSize(c.nc, 256<<10)
+	c.b = batch{slab: make([]byte, 0, maxBatch), sc: make([]byte, maxBatch)}
 	sem := make(chan struct{}, maxInFlight)
 	defer c.wg.Wait()
 	var h [28]byte
+	writer := false // this connection is the export's writer
 	for {
 		if c.r.Buffered() < len(h) {
-			// About to wait for the client: send what is answered.
+			// About to wait for the client: serve the batch, send what is
+			// answered.
+			c.execBatch()
 			c.wm.Lock()
 			c.idle = true
 			err := c.w.Flush()
@@ -379,53 +421,181 @@ func (c *conn) transmit() error {
 			if err != nil {
 				return err
 			}
-		}
-		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			if _, err := io.ReadFull(c.r, h[:]); err != nil {
+				return err
+			}
+			c.wm.Lock()
+			c.idle = false
+			c.wm.Unlock()
+		} else if _, err := io.ReadFull(c.r, h[:]); err != nil {
 			return err
 		}
-		c.wm.Lock()
-		c.idle = false
-		c.wm.Unlock()
 		if binary.BigEndian.Uint32(h[0:]) != requestMagic {
+			c.execBatch()
 			return errors.New("bad request magic")
 		}
-		rq := &request{
+		rq := request{
 			flags:  binary.BigEndian.Uint16(h[4:]),
 			typ:    binary.BigEndian.Uint16(h[6:]),
 			handle: binary.BigEndian.Uint64(h[8:]),
 			off:    binary.BigEndian.Uint64(h[16:]),
 			length: binary.BigEndian.Uint32(h[24:]),
 		}
+		end := rq.off + uint64(rq.length)
+		mergeable := rq.flags&cmdFlagFUA == 0 && rq.length > 0 && rq.length <= maxMerge &&
+			end >= rq.off && end <= c.e.dev.Size()
 		switch rq.typ {
 		case cmdDisc:
+			c.execBatch()
 			c.wg.Wait()
 			_ = c.e.dev.Flush()
 			return nil
 		case cmdWrite:
 			if rq.length > MaxPayload {
 				// The payload cannot be skipped safely: end the connection.
+				c.execBatch()
 				return fmt.Errorf("write of %d bytes exceeds %d", rq.length, MaxPayload)
 			}
+			if mergeable && !writer {
+				writer = c.e.claimWrite(c)
+			}
+			if mergeable && writer {
+				c.join(&rq)
+				n := len(c.b.slab)
+				c.b.slab = c.b.slab[:n+int(rq.length)]
+				if _, err := io.ReadFull(c.r, c.b.slab[n:]); err != nil {
+					// The complete writes before it stand; this one
+					// changes nothing.
+					c.b.slab = c.b.slab[:n]
+					c.execBatch()
+					return fmt.Errorf("client went away in the middle of a %d-byte write: %w", rq.length, err)
+				}
+				c.b.rqs = append(c.b.rqs, batched{handle: rq.handle, off: rq.off, length: rq.length, pos: n})
+				continue
+			}
+			c.execBatch()
 			rq.data = getPayload(int(rq.length))
 			if _, err := io.ReadFull(c.r, rq.data); err != nil {
 				putPayload(rq.data)
 				return fmt.Errorf("client went away in the middle of a %d-byte write: %w", rq.length, err)
 			}
+		case cmdRead:
+			if mergeable {
+				c.join(&rq)
+				c.b.slab = c.b.slab[:len(c.b.slab)+int(rq.length)] // accounts the batch's bytes
+				c.b.rqs = append(c.b.rqs, batched{handle: rq.handle, off: rq.off, length: rq.length})
+				continue
+			}
+			c.execBatch()
+		default:
+			c.execBatch()
 		}
-		// Reads from the page cache are cheapest inline; writes overlap
-		// with reading the next request on another core.
 		rq.urgent = rq.typ == cmdFlush || rq.flags&cmdFlagFUA != 0
-		rq.async = rq.urgent || rq.typ != cmdRead || rq.length > 1<<20
-		if !rq.async {
-			c.handle(rq)
+		if !rq.urgent {
+			c.handle(&rq)
 			continue
 		}
 		sem <- struct{}{}
 		c.wg.Add(1)
-		go func() {
+		go func(rq *request) {
 			defer func() { <-sem; c.wg.Done() }()
 			c.handle(rq)
-		}()
+		}(&rq)
+	}
+}
+
+// join serves the open batch first unless rq can join it: same kind,
+// room left, and for a write no overlap with a write of the batch (writes
+// to the same bytes keep the order they were sent in).
+func (c *conn) join(rq *request) {
+	b := &c.b
+	if len(b.rqs) > 0 && (b.typ != rq.typ || len(b.slab)+int(rq.length) > maxBatch || rq.typ == cmdWrite && b.overlaps(rq)) {
+		c.execBatch()
+	}
+	b.typ = rq.typ
+}
+
+func (b *batch) overlaps(rq *request) bool {
+	end := rq.off + uint64(rq.length)
+	for _, r := range b.rqs {
+		if r.off < end && rq.off < r.off+uint64(r.length) {
+			return true
+		}
+	}
+	return false
+}
+
+// execBatch serves the open batch, if any, and queues its replies.
+func (c *conn) execBatch() {
+	b := &c.b
+	if len(b.rqs) == 0 {
+		return
+	}
+	defer func() { b.rqs, b.slab = b.rqs[:0], b.slab[:0] }()
+	b.idx = b.idx[:0]
+	for i := range b.rqs {
+		b.idx = append(b.idx, i)
+	}
+	slices.SortFunc(b.idx, func(x, y int) int { return cmp.Compare(b.rqs[x].off, b.rqs[y].off) })
+	// Each contiguous stretch idx[from:to] is served with one call.
+	for from := 0; from < len(b.idx); {
+		first := b.rqs[b.idx[from]]
+		end := first.off + uint64(first.length)
+		to := from + 1
+		for to < len(b.idx) && b.rqs[b.idx[to]].off == end {
+			end += uint64(b.rqs[b.idx[to]].length)
+			to++
+		}
+		n := int(end - first.off)
+		var err error
+		switch {
+		case b.typ == cmdRead:
+			err = c.e.dev.ReadAt(b.sc[:n], first.off)
+		case to == from+1:
+			err = c.e.dev.WriteAt(b.slab[first.pos:first.pos+n], first.off)
+		default:
+			p := 0
+			for _, i := range b.idx[from:to] {
+				r := b.rqs[i]
+				p += copy(b.sc[p:], b.slab[r.pos:r.pos+int(r.length)])
+			}
+			err = c.e.dev.WriteAt(b.sc[:n], first.off)
+		}
+		errno := c.served(b.typ, first.off, uint64(n), to-from, err)
+		var data []byte
+		if b.typ == cmdRead && errno == 0 {
+			data = b.sc[:n] // copied out by replies before the next read
+		}
+		c.replies(b.idx[from:to], data, errno)
+		from = to
+	}
+}
+
+// served logs a failed batched call and returns its errno.
+func (c *conn) served(typ uint16, off, n uint64, requests int, err error) uint32 {
+	if err != nil {
+		c.e.log.Warn("nbd request failed", "export", c.e.name, "cmd", typ, "offset", off, "length", n, "requests", requests, "errno", errnoOf(err), "err", err)
+	}
+	return errnoOf(err)
+}
+
+// replies queues the replies of the batched requests idx; data, when
+// given, holds their read payloads back to back.
+func (c *conn) replies(idx []int, data []byte, errno uint32) {
+	var hdr [16]byte
+	binary.BigEndian.PutUint32(hdr[0:], simpleReplyMagc)
+	c.wm.Lock()
+	defer c.wm.Unlock()
+	pos := 0
+	for _, i := range idx {
+		r := c.b.rqs[i]
+		binary.BigEndian.PutUint32(hdr[4:], errno)
+		binary.BigEndian.PutUint64(hdr[8:], r.handle)
+		_, _ = c.w.Write(hdr[:])
+		if data != nil {
+			_, _ = c.w.Write(data[pos : pos+int(r.length)])
+			pos += int(r.length)
+		}
 	}
 }
 

@@ -781,3 +781,92 @@ func (restFunc) MaxBody() int64                                                 
 func (restFunc) WriteError(w http.ResponseWriter, requestID string, err *awserr.Error) {
 	w.WriteHeader(err.Status)
 }
+
+// fakeTemporary is STS's temporary keys as the server sees them.
+type fakeTemporary map[string]struct {
+	caller  reqctx.Caller
+	expires time.Time
+}
+
+func (f fakeTemporary) LookupTemporary(id string) (*reqctx.Caller, time.Time, bool) {
+	e, ok := f[id]
+	if !ok {
+		return nil, time.Time{}, false
+	}
+	c := e.caller
+	return &c, e.expires, true
+}
+
+func TestTemporaryKeys(t *testing.T) {
+	tb := newTestbed(t)
+	roleARN := "arn:aws:sts::" + testAccount + ":assumed-role/web/i-0123456789abcdef0"
+	live := creds.Key{AccessKeyID: "ASIALIVELIVELIVELIVE", SecretAccessKey: "liveSecretLiveSecretLiveSecretLiveSecret", SessionToken: "live-token", Access: creds.FullAccess}
+	ro := creds.Key{AccessKeyID: "ASIAREADREADREADREAD", SecretAccessKey: "readSecretReadSecretReadSecretReadSecret", SessionToken: "read-token", Access: creds.ReadOnlyAccess}
+	old := creds.Key{AccessKeyID: "ASIAOLDOLDOLDOLDOLDO", SecretAccessKey: "oldSecretOldSecretOldSecretOldSecretOldS", SessionToken: "old-token", Access: creds.FullAccess}
+	tb.srv.cfg.Temporary = fakeTemporary{
+		live.AccessKeyID: {reqctx.Caller{Key: live, AccountID: testAccount, ARN: roleARN, UserID: "AROAEXAMPLEEXAMPLE12:i-0123456789abcdef0"}, time.Now().Add(time.Hour)},
+		ro.AccessKeyID:   {reqctx.Caller{Key: ro, AccountID: testAccount, ARN: roleARN, UserID: "AROAEXAMPLEEXAMPLE12:ro"}, time.Now().Add(time.Hour)},
+		old.AccessKeyID:  {reqctx.Caller{Key: old, AccountID: testAccount, ARN: roleARN, UserID: "AROAEXAMPLEEXAMPLE12:old"}, time.Now().Add(-time.Second)},
+	}
+	ctx := context.Background()
+	code := func(err error) string {
+		var ae smithy.APIError
+		if errors.As(err, &ae) {
+			return ae.ErrorCode()
+		}
+		return errString(err)
+	}
+
+	id, err := tb.stsClient(live, testRegion).GetCallerIdentity(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *id.Arn != roleARN || *id.UserId != "AROAEXAMPLEEXAMPLE12:i-0123456789abcdef0" {
+		t.Fatalf("temporary key's identity: %s %s", *id.Arn, *id.UserId)
+	}
+	wrongToken, noToken := live, live
+	wrongToken.SessionToken, noToken.SessionToken = "other-token", ""
+	wrongSecret := live
+	wrongSecret.SecretAccessKey = strings.Repeat("x", 40)
+	expiredWrongSecret := old
+	expiredWrongSecret.SecretAccessKey = strings.Repeat("x", 40)
+	for _, c := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"sts wrong token", func() error { _, err := tb.stsClient(wrongToken, testRegion).GetCallerIdentity(ctx, nil); return err }, "InvalidClientTokenId"},
+		{"sts no token", func() error { _, err := tb.stsClient(noToken, testRegion).GetCallerIdentity(ctx, nil); return err }, "InvalidClientTokenId"},
+		{"ec2 wrong token", func() error { _, err := tb.ec2Client(wrongToken, testRegion).DescribeVpcs(ctx, nil); return err }, "AuthFailure"},
+		{"sts wrong secret", func() error { _, err := tb.stsClient(wrongSecret, testRegion).GetCallerIdentity(ctx, nil); return err }, "SignatureDoesNotMatch"},
+		{"sts expired", func() error { _, err := tb.stsClient(old, testRegion).GetCallerIdentity(ctx, nil); return err }, "ExpiredToken"},
+		{"ec2 expired", func() error { _, err := tb.ec2Client(old, testRegion).DescribeVpcs(ctx, nil); return err }, "RequestExpired"},
+		// Expiry is told only to a request that proves it holds the key.
+		{"sts expired, wrong secret", func() error {
+			_, err := tb.stsClient(expiredWrongSecret, testRegion).GetCallerIdentity(ctx, nil)
+			return err
+		}, "SignatureDoesNotMatch"},
+		{"ec2 read-only create", func() error {
+			_, err := tb.ec2Client(ro, testRegion).CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.0.0.0/16")})
+			return err
+		}, "UnauthorizedOperation"},
+	} {
+		if got := code(c.call()); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+	_, err = tb.stsClient(old, testRegion).GetCallerIdentity(ctx, nil)
+	if !strings.Contains(errString(err), "The security token included in the request is expired") {
+		t.Errorf("expired key's message: %v", err)
+	}
+	if n := tb.ec2.calls.Load(); n != 0 {
+		t.Fatalf("%d refused calls reached EC2", n)
+	}
+	if _, err := tb.ec2Client(ro, testRegion).DescribeVpcs(ctx, nil); err != nil {
+		t.Fatalf("read-only temporary key cannot read: %v", err)
+	}
+	// The host's own keys are found first, as before.
+	if _, err := tb.stsClient(rootKey, testRegion).GetCallerIdentity(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}

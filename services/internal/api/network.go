@@ -180,12 +180,20 @@ type InstanceMetadata struct {
 	// means AWS's default, 1 for instances outside EKS).
 	HttpPutResponseHopLimit uint32
 	// HttpEndpoint "disabled" turns IMDS off for the instance.
-	HttpEndpoint   string
-	IAMRole        string // role name; "" when no profile is attached
-	IAMProfileArn  string
-	IAMProfileID   string
-	Credentials    IAMCredentials
-	IdentitySigPEM string // PKCS7 signature of the identity document; "" to serve none
+	HttpEndpoint  string
+	IAMRole       string // role name; "" when no profile is attached
+	IAMProfileArn string
+	IAMProfileID  string
+	Credentials   IAMCredentials
+	// IdentityDocument is dynamic/instance-identity/document exactly as
+	// the gateway signed it; "" lets netd render an unsigned one.
+	IdentityDocument string
+	// IdentitySignature is .../signature: base64 RSA-SHA256 of the
+	// document's bytes.
+	IdentitySignature string
+	// IdentityPKCS7 is .../pkcs7 (and .../rsa2048): a detached PKCS#7
+	// SignedData of the document, base64 in 64-character lines.
+	IdentityPKCS7 string
 }
 
 // VPCState is one VPC whole, for SyncVPC: netd makes its kernel state

@@ -259,6 +259,28 @@ func TestMetadataTreeAndTokens(t *testing.T) {
 	if _, ok := ResolveMetadata(tree, md, "meta-data/nothing"); ok {
 		t.Error("a missing path resolved")
 	}
+	// Without the gateway's document netd renders its own, unsigned.
+	if doc, _ := ResolveMetadata(tree, md, "dynamic/instance-identity/document"); !strings.Contains(doc, `"privateIp": "10.0.1.5"`) {
+		t.Errorf("netd's own identity document = %q", doc)
+	}
+	if _, ok := ResolveMetadata(tree, md, "dynamic/instance-identity/signature"); ok {
+		t.Error("a signature served for netd's own (unsigned) document")
+	}
+	// The gateway's signed document is served byte for byte.
+	signed := md
+	signed.IdentityDocument = "{\n  \"accountId\" : \"123456789012\"\n}"
+	signed.IdentitySignature, signed.IdentityPKCS7 = "c2lnbmF0dXJl", "cGtjczc="
+	stree := MetadataTree(signed, n)
+	for path, want := range map[string]string{
+		"dynamic/instance-identity/document":  signed.IdentityDocument,
+		"dynamic/instance-identity/signature": "c2lnbmF0dXJl",
+		"dynamic/instance-identity/pkcs7":     "cGtjczc=",
+		"dynamic/instance-identity/rsa2048":   "cGtjczc=",
+	} {
+		if got, ok := ResolveMetadata(stree, signed, path); !ok || got != want {
+			t.Errorf("%s = %q, %v; want %q", path, got, ok, want)
+		}
+	}
 	now := time.Unix(1000, 0)
 	tok := NewTokens(func() time.Time { return now })
 	ip := netip.MustParseAddr("10.0.1.5")

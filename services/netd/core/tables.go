@@ -238,9 +238,17 @@ func MetadataTree(md api.InstanceMetadata, n NetInfo) map[string]string {
 		"ramdiskId": nil, "region": md.Region, "version": "2017-09-30",
 	}, "", "  ")
 	t["dynamic/instance-identity/document"] = string(doc)
-	if md.IdentitySigPEM != "" {
-		t["dynamic/instance-identity/pkcs7"] = md.IdentitySigPEM
-		t["dynamic/instance-identity/signature"] = md.IdentitySigPEM
+	// The gateway's document is served byte for byte, so that its
+	// signatures verify against what the guest fetched.
+	if md.IdentityDocument != "" {
+		t["dynamic/instance-identity/document"] = md.IdentityDocument
+		if md.IdentitySignature != "" {
+			t["dynamic/instance-identity/signature"] = md.IdentitySignature
+		}
+		if md.IdentityPKCS7 != "" {
+			t["dynamic/instance-identity/pkcs7"] = md.IdentityPKCS7
+			t["dynamic/instance-identity/rsa2048"] = md.IdentityPKCS7
+		}
 	}
 	return t
 }

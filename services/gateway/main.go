@@ -121,6 +121,14 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 	iamsvc := iam.New(store, cfg.AccountID, log.With("component", "iam"))
 	stssvc := sts.New(iamsvc, log.With("component", "sts"))
 	go stssvc.RunPurge(ctx)
+	// Instance profiles: EC2 resolves them in IAM and has STS issue the
+	// role credentials IMDS serves; identity documents are signed with
+	// a key kept next to state.db (its certificate is for users).
+	signer, err := ec2.LoadIdentitySigner(stateDir, cfg.AccountID)
+	if err != nil {
+		return err
+	}
+	ec2svc.SetIdentity(stssvc, signer)
 	srv := server.New(server.Config{AccountID: cfg.AccountID, Region: cfg.Region, Keys: keyStore, Temporary: stssvc, Log: log.With("component", "api")})
 	srv.RegisterQuery("ec2", awsmodel.MustLoad("ec2"), ec2svc, ec2svc.Idempotency)
 	srv.RegisterQuery("sts", awsmodel.MustLoad("sts"), stssvc)
@@ -161,6 +169,7 @@ func run(ctx context.Context, log *slog.Logger, configPath, credsPath, stateDir,
 		return err
 	}
 	ec2svc.StartNetwork(ctx)
+	ec2svc.StartRoleCredentials(ctx)
 	if err := busutil.WatchName(ctx, conn, api.Network.Name, func(up bool) {
 		if up {
 			log.Info("hangar-netd is on the bus; pushing every VPC")

@@ -44,6 +44,18 @@ type Service struct {
 	net *netSync
 	// compute is hangar-vmd (instances.go); nil until SetCompute.
 	compute Compute
+	// identity is IAM and STS (profiles.go), signer the key of instance
+	// identity documents (identity.go); nil until SetIdentity, and then
+	// instance profiles are refused and documents go unsigned.
+	identity Identity
+	signer   *IdentitySigner
+}
+
+// SetIdentity gives EC2 the IAM and STS it resolves instance profiles and
+// issues role credentials with, and the key it signs identity documents
+// with.
+func (s *Service) SetIdentity(id Identity, signer *IdentitySigner) {
+	s.identity, s.signer = id, signer
 }
 
 // SetStorage gives EC2 the storage service that holds volume and snapshot

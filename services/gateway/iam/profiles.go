@@ -273,7 +273,7 @@ func (s *Service) DeleteInstanceProfile(ctx context.Context, in *iam.DeleteInsta
 type InstanceProfileInfo struct {
 	Name, ID, ARN string
 	// RoleName is "" when the profile holds no role.
-	RoleName, RoleARN string
+	RoleName, RoleARN, RoleID string
 }
 
 // InstanceProfile finds a profile by ARN (which must be this account's
@@ -303,7 +303,7 @@ func (s *Service) InstanceProfile(tx *store.Tx, arn, name string) (InstanceProfi
 		if err != nil {
 			return InstanceProfileInfo{}, fmt.Errorf("instance profile %s names role %s: %w", p.Name, p.Role, err)
 		}
-		info.RoleName, info.RoleARN = r.Name, r.ARN
+		info.RoleName, info.RoleARN, info.RoleID = r.Name, r.ARN, r.ID
 	}
 	return info, nil
 }

@@ -41,9 +41,10 @@ type Object struct {
 // Server tracks what a connection exports, so introspection can list child
 // objects that come and go (instances, volumes).
 type Server struct {
-	conn *dbus.Conn
-	mu   sync.Mutex
-	objs map[dbus.ObjectPath]*Object
+	conn  *dbus.Conn
+	mu    sync.Mutex
+	objs  map[dbus.ObjectPath]*Object
+	setMu sync.Mutex // serialises Export, Unexport and Set, which may re-export an object's props
 }
 
 // NewServer wraps a connection.
@@ -56,6 +57,8 @@ func (s *Server) Conn() *dbus.Conn { return s.conn }
 
 // Export exports o. Exporting a path again replaces the earlier object.
 func (s *Server) Export(o *Object) error {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
 	if err := s.conn.ExportMethodTable(o.Methods, o.Path, o.Interface); err != nil {
 		return fmt.Errorf("exporting %s on %s: %w", o.Interface, o.Path, err)
 	}
@@ -81,6 +84,8 @@ func (s *Server) Export(o *Object) error {
 
 // Unexport removes the object at path.
 func (s *Server) Unexport(path dbus.ObjectPath) {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
 	s.mu.Lock()
 	o := s.objs[path]
 	delete(s.objs, path)
@@ -103,6 +108,8 @@ func (s *Server) Exported(path dbus.ObjectPath) bool {
 // Set updates a property of the object at path, emitting PropertiesChanged
 // as the property's Emit says. Setting an unknown property is an error.
 func (s *Server) Set(path dbus.ObjectPath, name string, v any) error {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
 	s.mu.Lock()
 	o := s.objs[path]
 	s.mu.Unlock()
@@ -112,9 +119,42 @@ func (s *Server) Set(path dbus.ObjectPath, name string, v any) error {
 	if _, ok := o.Props[name]; !ok {
 		return fmt.Errorf("%s has no property %s", path, name)
 	}
+	if reflect.ValueOf(v).Kind() == reflect.Map {
+		return s.setMap(o, name, v)
+	}
 	// SetMust bypasses the Writable check, which guards callers on the bus,
 	// not the service itself; it panics only on unknown names, checked above.
 	o.props.SetMust(o.Interface, name, v)
+	return nil
+}
+
+// setMap replaces a map-valued property. godbus's prop stores a new value
+// into the old one, and for a map that adds the new keys to the old map:
+// a key once set would never go (netd's VPC Interfaces kept every released
+// interface). So the object's properties are exported anew, with the
+// current values and this map, and the change is signalled as prop would.
+// s.setMu is held.
+func (s *Server) setMap(o *Object, name string, v any) error {
+	cur := make(map[string]*prop.Prop, len(o.Props))
+	for n, p := range o.Props {
+		cp := *p
+		cp.Value = o.props.GetMust(o.Interface, n)
+		cur[n] = &cp
+	}
+	cur[name].Value = v
+	props, err := prop.Export(s.conn, o.Path, prop.Map{o.Interface: cur})
+	if err != nil {
+		return fmt.Errorf("updating %s of %s: %w", name, o.Path, err)
+	}
+	o.props = props
+	switch o.Props[name].Emit {
+	case prop.EmitTrue:
+		return s.conn.Emit(o.Path, "org.freedesktop.DBus.Properties.PropertiesChanged",
+			o.Interface, map[string]dbus.Variant{name: dbus.MakeVariant(v)}, []string{})
+	case prop.EmitInvalidates:
+		return s.conn.Emit(o.Path, "org.freedesktop.DBus.Properties.PropertiesChanged",
+			o.Interface, map[string]dbus.Variant{}, []string{name})
+	}
 	return nil
 }
 

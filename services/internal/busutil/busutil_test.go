@@ -39,7 +39,7 @@ func TestExportIntrospectPropertiesAndName(t *testing.T) {
 			"Echo": func(s string, n uint32) (string, *dbus.Error) { return strings.Repeat(s, int(n)), nil },
 			"Who":  func(sender dbus.Sender) (string, *dbus.Error) { return string(sender), nil },
 		},
-		Props: map[string]*prop.Prop{"Count": {Value: uint32(1), Emit: prop.EmitTrue}},
+		Props: map[string]*prop.Prop{"Count": {Value: uint32(1), Emit: prop.EmitTrue}, "Names": {Value: map[string]string{}, Emit: prop.EmitTrue}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +100,32 @@ func TestExportIntrospectPropertiesAndName(t *testing.T) {
 	v, err := obj.GetProperty(iface + ".Count")
 	if err != nil || v.Value().(uint32) != 2 {
 		t.Fatalf("Count = %v, %v", v, err)
+	}
+
+	// A map property is replaced, not merged: a key that goes is gone
+	// (godbus's own Set would keep it), and the other properties stay.
+	for _, m := range []map[string]string{{"a": "1", "b": "2"}, {"b": "3"}} {
+		if err := srv.Set(root, "Names", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var names map[string]string
+	if v, err := obj.GetProperty(iface + ".Names"); err != nil || v.Store(&names) != nil || len(names) != 1 || names["b"] != "3" {
+		t.Fatalf("Names = %v, %v; want map[b:3]", v, err)
+	}
+	if v, err := obj.GetProperty(iface + ".Count"); err != nil || v.Value().(uint32) != 2 {
+		t.Fatalf("Count after a map update = %v, %v", v, err)
+	}
+	deadline := time.After(5 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case s := <-sigs:
+			if v, ok := s.Body[1].(map[string]dbus.Variant)["Names"]; ok && strings.Contains(v.String(), `"b": "3"`) {
+				seen = true
+			}
+		case <-deadline:
+			t.Fatal("no PropertiesChanged for the map")
+		}
 	}
 
 	srv.Unexport(child)

@@ -97,6 +97,14 @@ func TestIAMRolesAndTemporaryCredentials(t *testing.T) {
 		t.Fatalf("session token's identity: %q %v", got, err)
 	}
 
+	// EC2's side of instance profiles answers the CLI (associating one
+	// with a running instance is covered by the ec2 package's tests).
+	if got := cliText(t, d, "ec2", "describe-iam-instance-profile-associations", "--query", "length(IamInstanceProfileAssociations)"); got != "0" {
+		t.Fatalf("associations on a new host: %s", got)
+	}
+	cliFails(t, d, "InvalidInstanceID.NotFound", "ec2", "associate-iam-instance-profile", "--instance-id", "i-0123456789abcdef0", "--iam-instance-profile", "Name=deployer")
+	cliFails(t, d, "InvalidAssociationID.NotFound", "ec2", "disassociate-iam-instance-profile", "--association-id", "iip-assoc-0123456789abcdef0")
+
 	// Temporary keys are records: they survive a restart, and one whose
 	// expiry has passed is refused as AWS refuses it. Nobody waits 15
 	// minutes here: the auditor's expiry is moved into the past in the

@@ -325,3 +325,50 @@ func TestProfilesNeedIdentity(t *testing.T) {
 		t.Fatalf("message: %v", err)
 	}
 }
+
+// TestRunInstancesWithProfile is RunInstances with --iam-instance-profile
+// end to end through the fakes: the association, the instance record, and
+// what netd is given to serve. It skips until instances.go calls
+// launchProfile and instanceIdentity.
+func TestRunInstancesWithProfile(t *testing.T) {
+	h := newProfileHost(t)
+	before := snapshot(t, h.s)
+	_, err := h.s.RunInstances(bg, &ec2.RunInstancesInput{ImageId: ptr(h.image), MinCount: ptr(int32(1)), MaxCount: ptr(int32(1)),
+		InstanceType: types.InstanceTypeT3Micro, IamInstanceProfile: &types.IamInstanceProfileSpecification{Name: ptr("missing")}})
+	if code(err) == "Unsupported" {
+		t.Skip("skipping: instances.go does not resolve --iam-instance-profile yet (launchProfile is not called)")
+	}
+	wantCode(t, err, "InvalidParameterValue")
+	if !strings.Contains(err.Error(), "Value (missing) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name") {
+		t.Fatalf("message: %v", err)
+	}
+	sameState(t, before, snapshot(t, h.s), "a launch with a missing profile")
+
+	out := h.run(t, &ec2.RunInstancesInput{IamInstanceProfile: &types.IamInstanceProfileSpecification{Arn: ptr("arn:aws:iam::" + testAccount + ":instance-profile/web")}})
+	inst := out.Instances[0]
+	id := *inst.InstanceId
+	if inst.IamInstanceProfile == nil || !strings.HasSuffix(*inst.IamInstanceProfile.Arn, ":instance-profile/web") {
+		t.Fatalf("RunInstances shows profile %+v", inst.IamInstanceProfile)
+	}
+	assocs := must[*ec2.DescribeIamInstanceProfileAssociationsOutput](t)(h.s.DescribeIamInstanceProfileAssociations(bg, &ec2.DescribeIamInstanceProfileAssociationsInput{
+		Filters: []types.Filter{{Name: ptr("instance-id"), Values: []string{id}}}}))
+	if len(assocs.IamInstanceProfileAssociations) != 1 {
+		t.Fatalf("associations of the launched instance: %+v", assocs.IamInstanceProfileAssociations)
+	}
+	eni := ""
+	for _, ni := range inst.NetworkInterfaces {
+		eni = deref(ni.NetworkInterfaceId)
+	}
+	h.net.mu.Lock()
+	md, ok := h.net.md[eni]
+	h.net.mu.Unlock()
+	if !ok || md.IAMRole != "web" || md.IdentityDocument == "" || md.IdentitySignature == "" || md.IdentityPKCS7 == "" {
+		t.Fatalf("netd was given role %q, document %d bytes (pushed: %v)", md.IAMRole, len(md.IdentityDocument), ok)
+	}
+	if arn := h.callerOf(t, md.Credentials); arn != "arn:aws:sts::"+testAccount+":assumed-role/web/"+id {
+		t.Fatalf("IMDS credentials of the launched instance act as %s", arn)
+	}
+	if !strings.Contains(md.IdentityDocument, `"instanceId" : "`+id+`"`) {
+		t.Fatalf("document %s", md.IdentityDocument)
+	}
+}

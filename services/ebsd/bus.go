@@ -11,6 +11,7 @@ import (
 	"github.com/godbus/dbus/v5"
 	"github.com/godbus/dbus/v5/introspect"
 	"github.com/godbus/dbus/v5/prop"
+	"golang.org/x/sys/unix"
 
 	"hangar.dev/hangar/services/ebsd/internal/engine"
 	"hangar.dev/hangar/services/internal/api"
@@ -105,10 +106,11 @@ func (b *busObject) methods() map[string]any {
 			if length > api.SnapshotBlockSize {
 				return api.Errorf(api.ErrInvalidArgument, "a block must be %d bytes, not %d", api.SnapshotBlockSize, length)
 			}
-			buf := make([]byte, length)
-			if n, err := f.ReadAt(buf, 0); n != int(length) {
-				return api.Errorf(api.ErrInvalidArgument, "the descriptor holds %d bytes, not the %d announced: %v", n, length, err)
+			buf, release, err := blockFrom(f, int(length))
+			if err != nil {
+				return api.Errorf(api.ErrInvalidArgument, "%v", err)
 			}
+			defer release()
 			return asDBus(e.PutBlock(snap, index, buf, checksum))
 		},
 		api.MethodCompleteSnapshot: func(a api.CompleteSnapshotArgs) (api.SnapshotInfo, *dbus.Error) {
@@ -264,4 +266,31 @@ func (b *busObject) refresh(ctx context.Context) {
 		}
 		_ = b.bus.Set(api.Storage.Path, "Exports", uint32(b.eng.Exports()))
 	}
+}
+
+var blockPool = sync.Pool{New: func() any { b := make([]byte, api.SnapshotBlockSize); return &b }}
+
+// blockFrom returns the n bytes a PutBlock descriptor holds. A memfd sealed
+// against writes and shrinking is mapped and used in place (its content
+// cannot change under the hash, and the mapping is page-aligned, so the
+// block store writes it to disk straight from the caller's pages); any
+// other descriptor is copied into a pooled buffer first.
+func blockFrom(f *os.File, n int) ([]byte, func(), error) {
+	fd := int(f.Fd())
+	const sealed = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK
+	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err == nil && seals&sealed == sealed && n > 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err == nil && st.Size >= int64(n) {
+			if m, err := unix.Mmap(fd, 0, n, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE); err == nil {
+				return m, func() { _ = unix.Munmap(m) }, nil
+			}
+		}
+	}
+	bp := blockPool.Get().(*[]byte)
+	buf := (*bp)[:n]
+	if k, err := f.ReadAt(buf, 0); k != n {
+		blockPool.Put(bp)
+		return nil, nil, fmt.Errorf("the descriptor holds %d bytes, not the %d announced: %v", k, n, err)
+	}
+	return buf, func() { blockPool.Put(bp) }, nil
 }

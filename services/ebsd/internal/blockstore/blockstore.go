@@ -1,45 +1,103 @@
-// Package blockstore keeps snapshot blocks as immutable files named by the
-// SHA-256 of their content (blocks/ab/abcdef…), so equal blocks are stored
-// once, whichever snapshot or volume they came from.
+// Package blockstore keeps snapshot blocks, addressed by the SHA-256 of
+// their content, so equal blocks are stored once, whichever snapshot or
+// volume they came from.
 //
-// It owns the files only. Whether a block is still wanted is the catalog's
-// reference count plus the pins of snapshots still being written; Free
-// removes a file only when both say nobody wants it, under one lock, so a
-// block being written again is never removed under its writer.
+// Blocks live in append-only pack files, one per snapshot that wrote new
+// blocks (packs/<snap-id>.pack). A pack is a row of fixed-size slots: a
+// 4 KiB header (magic, block index, SHA-256, flags, CRC-32C) followed by
+// the 512 KiB block. While its snapshot is pending the pack is also the
+// snapshot's journal: a slot is acknowledged once a group fdatasync that
+// started after its write returned (one fdatasync covers every block
+// written meanwhile), and a restart rebuilds the snapshot from the slots
+// whose header and content check out; a torn slot was never acknowledged.
+// When the snapshot commits, the blocks the store did not hold yet get a
+// location (hash → pack, slot) in the catalog's transaction; every other
+// slot is punched out of the file. Freeing a block punches its slot; a
+// pack with no block left is removed.
+//
+// Blocks of older versions, one file per block (blocks/ab/abcdef…), are
+// still read and freed.
+//
+// Whether a block is still wanted is the catalog's reference count plus
+// the pins of snapshots still being written; Free forgets a block only
+// when both say nobody wants it, under one lock, so a block being written
+// again is never removed under its writer.
 package blockstore
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"hangar.dev/hangar/services/internal/store"
 )
 
-// Store is a directory of blocks.
+// Sizes of a pack's slots.
+const (
+	BlockSize  = 512 << 10
+	HeaderSize = 4096
+	SlotSize   = HeaderSize + BlockSize
+)
+
+// KindLoc is the bucket of block locations: hash hex → Loc.
+const KindLoc = "blockloc"
+
+const (
+	magic        = "HNGRBLK1"
+	flagData     = 1 // the slot holds the block; else it refers to a stored one
+	headerFields = 52
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Tx is what the store needs of a transaction; *store.Tx has it.
+type Tx interface {
+	Get(kind, id string, v any) error
+	Put(kind, id string, v any) error
+	Delete(kind, id string) error
+	Each(kind, after string, fn func(id string, decode func(v any) error) (bool, error)) error
+}
+
+// Loc is where a committed block lives.
+type Loc struct {
+	Pack string `json:"p"`
+	Slot uint64 `json:"s"`
+}
+
+// Store is a directory of packs (and of legacy block files).
 type Store struct {
 	dir  string
+	db   *store.DB
 	mu   sync.Mutex
 	pins map[string]int
 }
 
-// Open opens (creating) the store at dir.
-func Open(dir string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o750); err != nil {
+// Open opens (creating) the store at dir; locations are kept in db.
+func Open(dir string, db *store.DB) (*Store, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "packs"), 0o750); err != nil {
 		return nil, fmt.Errorf("creating block store %s: %w", dir, err)
 	}
-	// Leftovers of writes a crash interrupted.
+	// Leftovers of legacy writes a crash interrupted.
 	if ents, err := os.ReadDir(filepath.Join(dir, "tmp")); err == nil {
 		for _, e := range ents {
 			_ = os.Remove(filepath.Join(dir, "tmp", e.Name()))
 		}
 	}
-	return &Store{dir: dir, pins: map[string]int{}}, nil
+	return &Store{dir: dir, db: db, pins: map[string]int{}}, nil
 }
 
 // Sum returns the hex SHA-256 of data.
@@ -57,8 +115,12 @@ func ValidHash(h string) bool {
 	return err == nil
 }
 
-// Path is where the block with hash h lives.
-func (s *Store) Path(h string) string { return filepath.Join(s.dir, h[:2], h) }
+// legacyPath is where a block of the one-file-per-block layout lives.
+func (s *Store) legacyPath(h string) string { return filepath.Join(s.dir, h[:2], h) }
+
+func (s *Store) packPath(name string) string {
+	return filepath.Join(s.dir, "packs", name+".pack")
+}
 
 // Pin keeps h from being freed until Unpin; pending snapshots pin the
 // blocks they have written but not yet committed.
@@ -77,91 +139,39 @@ func (s *Store) Unpin(h string) {
 	s.mu.Unlock()
 }
 
-// Has reports whether the block file exists.
-func (s *Store) Has(h string) bool {
-	_, err := os.Stat(s.Path(h))
+func (s *Store) locate(h string) (Loc, bool) {
+	var l Loc
+	err := s.db.View(func(tx *store.Tx) error { return tx.Get(KindLoc, h, &l) })
+	return l, err == nil
+}
+
+// Stored reports whether a committed block with hash h is held.
+func (s *Store) Stored(h string) bool {
+	if _, ok := s.locate(h); ok {
+		return true
+	}
+	_, err := os.Stat(s.legacyPath(h))
 	return err == nil
-}
-
-// Put stores data under its hash h (the caller has computed and checked
-// it) durably: written to a temporary file, fsynced, renamed into place and
-// the directory fsynced. It reports whether the block was new. The caller
-// must hold a Pin on h.
-func (s *Store) Put(h string, data []byte) (bool, error) { return s.put(h, data, true) }
-
-// PutNoDirSync is Put without the directory fsync, for a caller that
-// fsyncs a file on the same filesystem afterwards before acknowledging:
-// ext4 and XFS commit metadata in order, so that later fsync makes the
-// rename durable too.
-func (s *Store) PutNoDirSync(h string, data []byte) (bool, error) { return s.put(h, data, false) }
-
-func (s *Store) put(h string, data []byte, dirSync bool) (bool, error) {
-	final := s.Path(h)
-	if _, err := os.Stat(final); err == nil {
-		return false, nil
-	}
-	dir := filepath.Dir(final)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return false, fmt.Errorf("creating %s: %w", dir, err)
-	}
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	tmp := filepath.Join(s.dir, "tmp", h[:16]+"-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
-	if err != nil {
-		return false, fmt.Errorf("creating block %s: %w", h, err)
-	}
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, final)
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return false, fmt.Errorf("writing block %s: %w", h, werr)
-	}
-	if dirSync {
-		if err := syncDir(dir); err != nil {
-			return false, err
-		}
-	}
-	return true, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
-}
-
-// Open opens a block for reading.
-func (s *Store) Open(h string) (*os.File, error) {
-	f, err := os.Open(s.Path(h))
-	if err != nil {
-		return nil, fmt.Errorf("opening block %s: %w", h, err)
-	}
-	return f, nil
 }
 
 // Read fills buf with the block h (zero-padding a short block).
 func (s *Store) Read(h string, buf []byte) error {
-	f, err := s.Open(h)
+	var (
+		f   *os.File
+		off int64
+		err error
+	)
+	if l, ok := s.locate(h); ok {
+		f, err = os.Open(s.packPath(l.Pack))
+		off = int64(l.Slot)*SlotSize + HeaderSize
+	} else {
+		f, err = os.Open(s.legacyPath(h))
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("opening block %s: %w", h, err)
 	}
 	defer f.Close()
-	n, err := f.ReadAt(buf, 0)
+	n, err := f.ReadAt(buf[:min(len(buf), BlockSize)], off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("reading block %s: %w", h, err)
 	}
@@ -169,49 +179,551 @@ func (s *Store) Read(h string, buf []byte) error {
 	return nil
 }
 
-// Free removes the files of blocks that referenced reports unreferenced
-// and that no one has pinned. It returns how many files it removed.
+// ---- packs ----
+
+// Pack is the pack file of one snapshot being written.
+type Pack struct {
+	s    *Store
+	name string
+	f    *os.File
+	// wf writes blocks with O_DIRECT where the filesystem allows it: they
+	// go from the caller's buffer to the disk without a copy into the page
+	// cache, which is most of the CPU a buffered write of 512 KiB costs.
+	wf *os.File
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	next     uint64 // next slot to hand out
+	inflight int    // appends between reserving a slot and finishing its write
+	sealed   bool
+	// group commit: writes finished (each gets the next ticket) and the
+	// highest ticket a finished fdatasync covers
+	completed, synced uint64
+	syncing           bool
+	syncs             uint64
+	err               error             // a failed fdatasync: the pack cannot be trusted
+	data              map[string]uint64 // hash → first slot whose block was written
+}
+
+// Record is a slot that checked out when a pack was read back.
+type Record struct {
+	Slot, Index uint64
+	Hash        string
+	Data        bool // false: a reference to a block stored before
+}
+
+// CreatePack creates the pack of a new snapshot, replacing a stale one.
+func (s *Store) CreatePack(name string) (*Pack, error) {
+	f, err := os.OpenFile(s.packPath(name), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("creating pack %s: %w", name, err)
+	}
+	return s.newPack(name, f, 0), nil
+}
+
+func (s *Store) newPack(name string, f *os.File, next uint64) *Pack {
+	p := &Pack{s: s, name: name, f: f, next: next, data: map[string]uint64{}}
+	p.cond = sync.NewCond(&p.mu)
+	if wf, err := os.OpenFile(s.packPath(name), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
+		p.wf = wf // tmpfs, for one, refuses O_DIRECT: then writes are buffered
+	}
+	return p
+}
+
+// aligned reports whether b can be written with O_DIRECT.
+func aligned(b []byte) bool {
+	return len(b)%HeaderSize == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%HeaderSize == 0
+}
+
+// alignedBuf returns n bytes aligned for O_DIRECT.
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+HeaderSize)
+	a := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) % HeaderSize)
+	if a != 0 {
+		a = HeaderSize - a
+	}
+	return b[a : a+n : a+n]
+}
+
+// ResumePack reopens the pack of a pending snapshot after a restart and
+// returns its slots that check out, in slot order. A slot whose header is
+// damaged or whose block does not hash to its header (a write a crash
+// tore; it was never acknowledged) is punched out and skipped. A missing
+// pack is an empty one.
+func (s *Store) ResumePack(name string) (*Pack, []Record, error) {
+	f, err := os.OpenFile(s.packPath(name), os.O_CREATE|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening pack %s: %w", name, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	slots := (uint64(st.Size()) + SlotSize - 1) / SlotSize
+	p := s.newPack(name, f, slots)
+	var recs []Record
+	hdr := make([]byte, HeaderSize)
+	buf := make([]byte, BlockSize)
+	for slot := uint64(0); slot < slots; slot++ {
+		r, ok := p.check(slot, hdr, buf)
+		if !ok {
+			_ = p.punch(slot, 1)
+			continue
+		}
+		if r.Data {
+			if _, seen := p.data[r.Hash]; !seen {
+				p.data[r.Hash] = slot
+			}
+		}
+		recs = append(recs, r)
+	}
+	return p, recs, nil
+}
+
+// check reads slot back and reports whether it is a whole record.
+func (p *Pack) check(slot uint64, hdr, buf []byte) (Record, bool) {
+	off := int64(slot) * SlotSize
+	if n, _ := p.f.ReadAt(hdr, off); n < headerFields+4 {
+		return Record{}, false
+	}
+	r, ok := decodeHeader(hdr)
+	if !ok {
+		return Record{}, false
+	}
+	r.Slot = slot
+	if r.Data {
+		if n, _ := p.f.ReadAt(buf, off+HeaderSize); n != BlockSize || Sum(buf) != r.Hash {
+			return Record{}, false
+		}
+	}
+	return r, true
+}
+
+func encodeHeader(hdr []byte, index uint64, h string, data bool) {
+	clear(hdr)
+	copy(hdr, magic)
+	binary.LittleEndian.PutUint64(hdr[8:], index)
+	_, _ = hex.Decode(hdr[16:48], []byte(h))
+	if data {
+		binary.LittleEndian.PutUint32(hdr[48:], flagData)
+	}
+	binary.LittleEndian.PutUint32(hdr[headerFields:], crc32.Checksum(hdr[:headerFields], castagnoli))
+}
+
+func decodeHeader(hdr []byte) (Record, bool) {
+	if string(hdr[:8]) != magic || binary.LittleEndian.Uint32(hdr[headerFields:]) != crc32.Checksum(hdr[:headerFields], castagnoli) {
+		return Record{}, false
+	}
+	flags := binary.LittleEndian.Uint32(hdr[48:])
+	if flags&^flagData != 0 {
+		return Record{}, false
+	}
+	return Record{Index: binary.LittleEndian.Uint64(hdr[8:]), Hash: hex.EncodeToString(hdr[16:48]), Data: flags&flagData != 0}, true
+}
+
+var hdrPool = sync.Pool{New: func() any { b := alignedBuf(HeaderSize); return &b }}
+
+// ErrSealed is an append to a pack whose snapshot completed or failed.
+var ErrSealed = errors.New("the snapshot's pack is sealed")
+
+// Append writes a record for block index with hash h into the next slot:
+// the block itself, or with data nil a reference to a block the store
+// holds (the caller has pinned h). It returns the slot and a ticket for
+// Sync. Nothing is durable before Sync(ticket) returns.
+func (p *Pack) Append(index uint64, h string, data []byte) (slot, ticket uint64, err error) {
+	if data != nil && len(data) != BlockSize {
+		return 0, 0, fmt.Errorf("a block must be %d bytes, not %d", BlockSize, len(data))
+	}
+	p.mu.Lock()
+	if p.sealed {
+		p.mu.Unlock()
+		return 0, 0, ErrSealed
+	}
+	slot = p.next
+	p.next++
+	p.inflight++
+	p.mu.Unlock()
+
+	hp := hdrPool.Get().(*[]byte)
+	encodeHeader(*hp, index, h, data != nil)
+	off := int64(slot) * SlotSize
+	w := p.f
+	if p.wf != nil && (data == nil || aligned(data)) {
+		w = p.wf
+	}
+	if data != nil {
+		err = pwritev(int(w.Fd()), [][]byte{*hp, data}, off)
+	} else {
+		_, err = w.WriteAt(*hp, off)
+	}
+	hdrPool.Put(hp)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inflight--
+	p.cond.Broadcast()
+	if err != nil {
+		// A partial record (a full disk) reads back as torn; free its space.
+		_ = p.punch(slot, 1)
+		return 0, 0, fmt.Errorf("writing block %s to pack %s: %w", h, p.name, err)
+	}
+	if _, seen := p.data[h]; data != nil && !seen {
+		p.data[h] = slot
+	}
+	p.completed++
+	return slot, p.completed, nil
+}
+
+func pwritev(fd int, iov [][]byte, off int64) error {
+	for len(iov) > 0 {
+		n, err := unix.Pwritev(fd, iov, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += int64(n)
+		for n > 0 && len(iov) > 0 {
+			k := min(n, len(iov[0]))
+			iov[0] = iov[0][k:]
+			n -= k
+			if len(iov[0]) == 0 {
+				iov = iov[1:]
+			}
+		}
+	}
+	return nil
+}
+
+// HasData reports whether the pack holds the block h itself.
+func (p *Pack) HasData(h string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.data[h]
+	return ok
+}
+
+// Sync returns once the write with ticket is durable. Concurrent callers
+// share fdatasyncs: while one runs, the writes that finish gather behind
+// it, and the next one covers them all (group commit). A failed
+// fdatasync fails this and every later Sync: what the kernel dropped
+// cannot be known.
+func (p *Pack) Sync(ticket uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.synced < ticket {
+		if p.err != nil {
+			return p.err
+		}
+		if p.syncing {
+			p.cond.Wait()
+			continue
+		}
+		p.syncing = true
+		target := p.completed
+		p.mu.Unlock()
+		err := unix.Fdatasync(int(p.f.Fd()))
+		p.mu.Lock()
+		p.syncing = false
+		p.syncs++
+		if err != nil {
+			p.err = fmt.Errorf("syncing pack %s: %w", p.name, err)
+		} else {
+			p.synced = max(p.synced, target)
+		}
+		p.cond.Broadcast()
+	}
+	return nil
+}
+
+// Syncs returns how many fdatasyncs the pack took.
+func (p *Pack) Syncs() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.syncs
+}
+
+// Quiesce waits for the appends under way and makes everything written
+// durable.
+func (p *Pack) Quiesce() error {
+	p.mu.Lock()
+	for p.inflight > 0 {
+		p.cond.Wait()
+	}
+	t := p.completed
+	p.mu.Unlock()
+	return p.Sync(t)
+}
+
+// seal refuses further appends and waits for those under way.
+func (p *Pack) seal() {
+	p.mu.Lock()
+	p.sealed = true
+	for p.inflight > 0 {
+		p.cond.Wait()
+	}
+	p.mu.Unlock()
+}
+
+// Close closes the file (a pending snapshot's pack at shutdown).
+func (p *Pack) Close() {
+	_ = p.f.Close()
+	if p.wf != nil {
+		_ = p.wf.Close()
+	}
+}
+
+// Discard seals the pack, closes and removes it: its snapshot failed, and
+// no location points into it.
+func (p *Pack) Discard() {
+	p.seal()
+	p.Close()
+	_ = os.Remove(p.s.packPath(p.name))
+}
+
+func (p *Pack) punch(slot, n uint64) error {
+	return punchFile(p.f, slot, n)
+}
+
+func punchFile(f *os.File, slot, n uint64) error {
+	return unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(slot)*SlotSize, int64(n)*SlotSize)
+}
+
+// Commit records, in the catalog transaction that commits the pack's
+// snapshot, a location for every block of hashes the store does not hold
+// yet and the pack does. The pack must be quiesced. It returns the slots
+// that stay live; Trim punches the others once tx committed.
+func (s *Store) Commit(tx Tx, p *Pack, hashes []string) (map[uint64]bool, error) {
+	live := map[uint64]bool{}
+	for _, h := range hashes {
+		var l Loc
+		err := tx.Get(KindLoc, h, &l)
+		if err == nil {
+			if l.Pack == p.name {
+				live[l.Slot] = true
+			}
+			continue
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		slot, ok := p.data[h]
+		if !ok {
+			if _, err := os.Stat(s.legacyPath(h)); err == nil {
+				continue
+			}
+			return nil, fmt.Errorf("block %s is neither in the store nor in pack %s", h, p.name)
+		}
+		if err := tx.Put(KindLoc, h, Loc{Pack: p.name, Slot: slot}); err != nil {
+			return nil, err
+		}
+		live[slot] = true
+	}
+	return live, nil
+}
+
+// Trim punches every slot of a committed pack that is not live and closes
+// it; a pack with nothing live is removed. A crash before Trim leaves dead
+// slots that the next start's Sweep punches.
+func (s *Store) Trim(p *Pack, live map[uint64]bool) {
+	p.seal()
+	defer p.Close()
+	if len(live) == 0 {
+		_ = os.Remove(s.packPath(p.name))
+		return
+	}
+	p.mu.Lock()
+	n := p.next
+	p.mu.Unlock()
+	for slot := uint64(0); slot < n; {
+		if live[slot] {
+			slot++
+			continue
+		}
+		end := slot
+		for end < n && !live[end] {
+			end++
+		}
+		_ = p.punch(slot, end-slot)
+		slot = end
+	}
+}
+
+// Free forgets the blocks that referenced reports unreferenced and that no
+// one has pinned: their location goes (in one transaction) before their
+// slot is punched, so a crash in between leaks space the next Sweep takes
+// back, never a location pointing at a hole. It returns how many blocks it
+// freed.
 func (s *Store) Free(hashes []string, referenced func(h string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	var cands []string
 	for _, h := range hashes {
 		if s.pins[h] > 0 || referenced(h) {
 			continue
 		}
-		if err := os.Remove(s.Path(h)); err == nil {
+		cands = append(cands, h)
+	}
+	if len(cands) == 0 {
+		return 0
+	}
+	locs := map[string]Loc{}
+	err := s.db.Update(func(tx *store.Tx) error {
+		for _, h := range cands {
+			var l Loc
+			if err := tx.Get(KindLoc, h, &l); err != nil {
+				continue
+			}
+			if err := tx.Delete(KindLoc, h); err != nil {
+				return err
+			}
+			locs[h] = l
+		}
+		return nil
+	})
+	if err != nil {
+		return 0
+	}
+	n := 0
+	byPack := map[string][]uint64{}
+	for _, h := range cands {
+		if l, ok := locs[h]; ok {
+			byPack[l.Pack] = append(byPack[l.Pack], l.Slot)
+			n++
+		} else if os.Remove(s.legacyPath(h)) == nil {
 			n++
 		}
+	}
+	for name, slots := range byPack {
+		s.punchPack(name, slots)
 	}
 	return n
 }
 
-// Sweep removes every block file that is neither referenced nor pinned:
-// blocks a crash left between their write and their snapshot's commit.
-func (s *Store) Sweep(referenced func(h string) bool) (int, error) {
-	var orphans []string
-	err := filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
+// punchPack punches slots of a committed pack and removes the pack when
+// nothing is left in it.
+func (s *Store) punchPack(name string, slots []uint64) {
+	f, err := os.OpenFile(s.packPath(name), os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	for _, slot := range slots {
+		_ = punchFile(f, slot, 1)
+	}
+	if _, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA); errors.Is(err, unix.ENXIO) {
+		_ = os.Remove(s.packPath(name))
+	}
+}
+
+// Sweep runs at start, after pending snapshots were resumed (pending
+// names their packs): it forgets every block neither referenced nor
+// pinned (written by a snapshot that a crash interrupted between its
+// commit and its frees), removes packs no location points into (snapshots
+// that failed or never committed) and punches slots of committed packs
+// that no location points to (a crash before Trim or Free punched them).
+func (s *Store) Sweep(referenced func(h string) bool, pending map[string]bool) (int, error) {
+	var cands []string
+	err := s.db.View(func(tx *store.Tx) error {
+		return tx.Each(KindLoc, "", func(h string, _ func(any) error) (bool, error) {
+			cands = append(cands, h)
+			return true, nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sweeping the block store: %w", err)
+	}
+	err = filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			if path != s.dir && filepath.Base(path) == "tmp" {
+			if path != s.dir && (d.Name() == "tmp" || d.Name() == "packs") {
 				return filepath.SkipDir
 			}
 			return nil
 		}
 		if h := d.Name(); ValidHash(h) {
-			orphans = append(orphans, h)
+			cands = append(cands, h)
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("sweeping the block store: %w", err)
 	}
-	return s.Free(orphans, referenced), nil
+	freed := s.Free(cands, referenced)
+
+	live := map[string]map[uint64]bool{}
+	err = s.db.View(func(tx *store.Tx) error {
+		return tx.Each(KindLoc, "", func(_ string, decode func(any) error) (bool, error) {
+			var l Loc
+			if err := decode(&l); err != nil {
+				return false, err
+			}
+			if live[l.Pack] == nil {
+				live[l.Pack] = map[uint64]bool{}
+			}
+			live[l.Pack][l.Slot] = true
+			return true, nil
+		})
+	})
+	if err != nil {
+		return freed, fmt.Errorf("sweeping the block store: %w", err)
+	}
+	ents, err := os.ReadDir(filepath.Join(s.dir, "packs"))
+	if err != nil {
+		return freed, fmt.Errorf("sweeping the block store: %w", err)
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".pack")
+		if !ok || pending[name] {
+			continue
+		}
+		if len(live[name]) == 0 {
+			_ = os.Remove(s.packPath(name))
+			continue
+		}
+		s.trimDead(name, live[name])
+	}
+	return freed, nil
 }
 
-// Usage returns the number of block files and their bytes on disk.
+// trimDead punches the slots of a committed pack that hold data but are
+// not live, visiting only the file's data extents.
+func (s *Store) trimDead(name string, live map[uint64]bool) {
+	f, err := os.OpenFile(s.packPath(name), os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	var dead []uint64
+	for off := int64(0); ; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			break
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil {
+			break
+		}
+		for slot := uint64(start) / SlotSize; int64(slot)*SlotSize < end; slot++ {
+			if !live[slot] {
+				dead = append(dead, slot)
+			}
+		}
+		off = end
+	}
+	sort.Slice(dead, func(i, j int) bool { return dead[i] < dead[j] })
+	for _, slot := range dead {
+		_ = punchFile(f, slot, 1)
+	}
+}
+
+// Usage returns the number of pack and legacy block files and the bytes
+// they take on disk.
 func (s *Store) Usage() (files int, bytes int64) {
 	_ = filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -219,7 +731,11 @@ func (s *Store) Usage() (files int, bytes int64) {
 		}
 		if info, err := d.Info(); err == nil {
 			files++
-			bytes += info.Size()
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				bytes += st.Blocks * 512
+			} else {
+				bytes += info.Size()
+			}
 		}
 		return nil
 	})

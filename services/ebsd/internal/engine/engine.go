@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -73,10 +74,10 @@ type pendingSnapshot struct {
 	rec      catalog.Snapshot
 	mu       sync.Mutex
 	entries  map[uint64]string
-	journal  *os.File
+	pack     *blockstore.Pack  // where its new blocks go (and its journal)
+	slots    map[uint64]uint64 // index → pack slot of the entry (direct)
+	closing  bool              // being committed: no more entries
 	deadline time.Time
-	// group commit of the journal: lines written and lines known synced
-	written, synced uint64
 	// progress of a volume capture
 	done, total uint64
 }
@@ -88,7 +89,7 @@ func errf(name, format string, args ...any) *api.Error {
 // Open loads the catalog from stateDir, opens every volume and serves its
 // export under runtimeDir.
 func Open(ctx context.Context, stateDir, runtimeDir string, log *slog.Logger, hooks Hooks) (*Engine, error) {
-	for _, d := range []string{stateDir, runtimeDir, filepath.Join(stateDir, "volumes"), filepath.Join(stateDir, "pending")} {
+	for _, d := range []string{stateDir, runtimeDir, filepath.Join(stateDir, "volumes")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
@@ -97,7 +98,7 @@ func Open(ctx context.Context, stateDir, runtimeDir string, log *slog.Logger, ho
 	if err != nil {
 		return nil, err
 	}
-	blocks, err := blockstore.Open(filepath.Join(stateDir, "blocks"))
+	blocks, err := blockstore.Open(filepath.Join(stateDir, "blocks"), db)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -167,7 +168,11 @@ func (e *Engine) load() error {
 			return err
 		}
 	}
-	n, err := e.blocks.Sweep(e.referenced)
+	pendingNames := map[string]bool{}
+	for id := range e.pending {
+		pendingNames[id] = true
+	}
+	n, err := e.blocks.Sweep(e.referenced, pendingNames)
 	if err != nil {
 		e.log.Warn("sweeping orphan blocks", "err", err)
 	} else if n > 0 {
@@ -235,8 +240,8 @@ func (e *Engine) Close() {
 		ov.v.Close()
 	}
 	for _, p := range e.pending {
-		if p.journal != nil {
-			p.journal.Close()
+		if p.pack != nil {
+			p.pack.Close()
 		}
 	}
 	e.db.Close()
@@ -591,7 +596,13 @@ func (e *Engine) CreateSnapshot(snapID, volID string) (api.SnapshotInfo, error) 
 			VolumeSize: ov.rec.Size, Started: time.Now().Unix()},
 		entries: map[uint64]string{},
 	}
+	pack, err := e.blocks.CreatePack(snapID)
+	if err != nil {
+		return api.SnapshotInfo{}, capacity(err, "starting snapshot "+snapID)
+	}
+	p.pack = pack
 	if err := e.db.Update(func(tx *store.Tx) error { return catalog.PutSnapshot(tx, &p.rec) }); err != nil {
+		pack.Discard()
 		return api.SnapshotInfo{}, capacity(err, "recording snapshot "+snapID)
 	}
 	total, err := ov.v.StartCapture(func(index uint64, data []byte) error { return e.captureBlock(p, index, data) })
@@ -625,14 +636,19 @@ func allZero(b []byte) bool {
 	return true
 }
 
+// captureBlock stores a block of a volume snapshot in the snapshot's pack
+// unless the store or the pack holds it already. Nothing is synced here:
+// the commit seals the pack (one fdatasync) before the catalog records it.
 func (e *Engine) captureBlock(p *pendingSnapshot, index uint64, data []byte) error {
 	h := catalog.Tombstone
 	if !allZero(data) {
 		h = blockstore.Sum(data)
 		e.blocks.Pin(h)
-		if _, err := e.blocks.Put(h, data); err != nil {
-			e.blocks.Unpin(h)
-			return err
+		if !p.pack.HasData(h) && !e.blocks.Stored(h) {
+			if _, _, err := p.pack.Append(index, h, data); err != nil {
+				e.blocks.Unpin(h)
+				return err
+			}
 		}
 	}
 	p.mu.Lock()
@@ -684,13 +700,35 @@ func (e *Engine) runCapture(ov *openVolume, p *pendingSnapshot) {
 // in the same transaction.
 func (e *Engine) commitLocked(p *pendingSnapshot, extra func(*store.Tx) error) error {
 	p.mu.Lock()
-	entries := p.entries
+	p.closing = true // a PutBlock not yet recorded is refused from now on
+	entries := maps.Clone(p.entries)
 	rec := p.rec
 	p.mu.Unlock()
+	reopen := func() {
+		p.mu.Lock()
+		p.closing = false
+		p.mu.Unlock()
+	}
+	// Every block written, including captures never synced, is durable
+	// before the catalog points at it.
+	if err := p.pack.Quiesce(); err != nil {
+		reopen()
+		return capacity(err, "committing snapshot "+rec.ID)
+	}
+	var hashes []string
+	for _, h := range entries {
+		if h != catalog.Tombstone {
+			hashes = append(hashes, h)
+		}
+	}
 	rec.State = api.SnapshotCompleted
 	rec.Completed = time.Now().Unix()
-	err := e.db.Update(func(tx *store.Tx) error {
+	var live map[uint64]bool
+	err := e.db.Update(func(tx *store.Tx) (err error) {
 		if _, err := catalog.Commit(tx, &rec, entries, BlockSize); err != nil {
+			return err
+		}
+		if live, err = e.blocks.Commit(tx, p.pack, hashes); err != nil {
 			return err
 		}
 		if extra != nil {
@@ -699,14 +737,13 @@ func (e *Engine) commitLocked(p *pendingSnapshot, extra func(*store.Tx) error) e
 		return nil
 	})
 	if err != nil {
+		reopen()
 		return capacity(err, "committing snapshot "+rec.ID)
 	}
 	delete(e.pending, rec.ID)
+	e.blocks.Trim(p.pack, live)
 	e.unpin(entries)
-	if p.journal != nil {
-		p.journal.Close()
-		_ = os.Remove(e.journalPath(rec.ID))
-	}
+	_ = os.Remove(e.journalPath(rec.ID)) // of an older ebsd
 	p.mu.Lock()
 	p.rec = rec
 	p.mu.Unlock()
@@ -778,8 +815,8 @@ func (e *Engine) failSnapshotLocked(p *pendingSnapshot, reason string) {
 	p.rec.Error = reason
 	rec := p.rec
 	p.mu.Unlock()
-	if p.journal != nil {
-		p.journal.Close()
+	if p.pack != nil {
+		p.pack.Discard()
 	}
 	e.failSnapshot(rec.ID, reason)
 	e.unpin(entries)
@@ -874,16 +911,16 @@ func (e *Engine) StartSnapshot(a api.StartSnapshotArgs) (api.SnapshotInfo, error
 	p := &pendingSnapshot{
 		rec: catalog.Snapshot{ID: a.SnapshotID, ParentID: a.ParentID, State: api.SnapshotPending, VolumeSize: a.VolumeSizeBytes,
 			Started: time.Now().Unix(), Direct: true, TimeoutMinutes: timeout},
-		entries: map[uint64]string{},
+		entries: map[uint64]string{}, slots: map[uint64]uint64{},
 	}
 	p.deadline = time.Unix(p.rec.Started, 0).Add(time.Duration(timeout) * time.Minute)
-	j, err := os.OpenFile(e.journalPath(a.SnapshotID), os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o640)
+	pack, err := e.blocks.CreatePack(a.SnapshotID)
 	if err != nil {
-		return api.SnapshotInfo{}, capacity(err, "creating the journal of "+a.SnapshotID)
+		return api.SnapshotInfo{}, capacity(err, "creating the pack of "+a.SnapshotID)
 	}
-	p.journal = j
+	p.pack = pack
 	if err := e.db.Update(func(tx *store.Tx) error { return catalog.PutSnapshot(tx, &p.rec) }); err != nil {
-		j.Close()
+		pack.Discard()
 		return api.SnapshotInfo{}, capacity(err, "recording snapshot "+a.SnapshotID)
 	}
 	e.pending[a.SnapshotID] = p
@@ -892,10 +929,21 @@ func (e *Engine) StartSnapshot(a api.StartSnapshotArgs) (api.SnapshotInfo, error
 	return info, nil
 }
 
-// resumeDirect reloads a pending direct snapshot's journal after a restart.
+// resumeDirect rebuilds a pending direct snapshot after a restart from
+// its pack: every slot that checks out is a block that may have been
+// acknowledged, and a later slot of the same index wins, as it did before.
+// (A journal of an older ebsd, "index sha256" lines naming block files, is
+// read first.)
 func (e *Engine) resumeDirect(s *catalog.Snapshot) error {
-	p := &pendingSnapshot{rec: *s, entries: map[uint64]string{}}
+	p := &pendingSnapshot{rec: *s, entries: map[uint64]string{}, slots: map[uint64]uint64{}}
 	p.deadline = time.Unix(s.Started, 0).Add(time.Duration(s.TimeoutMinutes) * time.Minute)
+	set := func(idx uint64, h string) {
+		if old, ok := p.entries[idx]; ok {
+			e.blocks.Unpin(old)
+		}
+		e.blocks.Pin(h)
+		p.entries[idx] = h
+	}
 	f, err := os.Open(e.journalPath(s.ID))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -908,22 +956,24 @@ func (e *Engine) resumeDirect(s *catalog.Snapshot) error {
 			if _, err := fmt.Sscanf(sc.Text(), "%d %s", &idx, &h); err != nil || !blockstore.ValidHash(h) {
 				break // a torn last line: that block was never acknowledged
 			}
-			if !e.blocks.Has(h) {
-				continue
+			if e.blocks.Stored(h) {
+				set(idx, h)
 			}
-			if old, ok := p.entries[idx]; ok {
-				e.blocks.Unpin(old)
-			}
-			e.blocks.Pin(h)
-			p.entries[idx] = h
 		}
 		f.Close()
 	}
-	j, err := os.OpenFile(e.journalPath(s.ID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	pack, recs, err := e.blocks.ResumePack(s.ID)
 	if err != nil {
 		return err
 	}
-	p.journal = j
+	p.pack = pack
+	for _, r := range recs {
+		if !r.Data && !e.blocks.Stored(r.Hash) && !pack.HasData(r.Hash) {
+			continue
+		}
+		set(r.Index, r.Hash)
+		p.slots[r.Index] = r.Slot
+	}
 	e.pending[s.ID] = p
 	e.log.Info("resumed EBS direct snapshot", "snapshot", s.ID, "blocks", len(p.entries))
 	return nil
@@ -966,58 +1016,46 @@ func (e *Engine) PutBlock(snapID string, index uint64, data []byte, checksum str
 	}
 	h := hex.EncodeToString(sum[:])
 	e.blocks.Pin(h)
-	// The journal fsync below also makes the block's rename durable.
-	if _, err := e.blocks.PutNoDirSync(h, data); err != nil {
+	// The pack's slot is the journal entry; a block the store holds
+	// already is written as a reference only.
+	payload := data
+	if e.blocks.Stored(h) {
+		payload = nil
+	}
+	slot, ticket, err := p.pack.Append(index, h, payload)
+	if err == nil {
+		err = p.pack.Sync(ticket)
+	}
+	if err != nil {
 		e.blocks.Unpin(h)
+		if errors.Is(err, blockstore.ErrSealed) {
+			return errf(api.ErrConflict, "snapshot %s is no longer pending", snapID)
+		}
 		return capacity(err, fmt.Sprintf("storing block %d of %s", index, snapID))
 	}
 	p.mu.Lock()
-	if p.rec.State != api.SnapshotPending {
+	if p.rec.State != api.SnapshotPending || p.closing {
 		p.mu.Unlock()
 		e.blocks.Unpin(h)
-		return errf(api.ErrConflict, "snapshot %s is %s", snapID, p.rec.State)
+		return errf(api.ErrConflict, "snapshot %s is %s", snapID, map[bool]string{true: "being completed", false: p.rec.State}[p.closing])
+	}
+	if cur, ok := p.slots[index]; ok && cur > slot {
+		// A later put of this block (a later slot) already won, as it
+		// would after a restart.
+		p.mu.Unlock()
+		e.blocks.Unpin(h)
+		return nil
 	}
 	old, had := p.entries[index]
 	p.entries[index] = h
-	_, jerr := fmt.Fprintf(p.journal, "%d %s\n", index, h)
-	p.written++
-	mine := p.written
+	p.slots[index] = slot
 	p.mu.Unlock()
-	if jerr == nil {
-		jerr = p.syncJournal(mine)
-	}
-	if jerr != nil {
-		return capacity(jerr, "journaling block "+fmt.Sprint(index))
-	}
-	if had && old != h {
+	if had {
 		e.blocks.Unpin(old)
-		e.free([]string{old})
-	} else if had {
-		e.blocks.Unpin(h)
+		if old != h {
+			e.free([]string{old})
+		}
 	}
-	return nil
-}
-
-// syncJournal makes journal line n durable.
-func (p *pendingSnapshot) syncJournal(n uint64) error {
-	p.mu.Lock()
-	covered := p.synced >= n
-	target := p.written
-	p.mu.Unlock()
-	if covered {
-		return nil
-	}
-	// fsyncs run in parallel (the filesystem batches them into one
-	// journal commit); a line an fsync that started after it covered needs
-	// no fsync of its own.
-	if err := p.journal.Sync(); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	if target > p.synced {
-		p.synced = target
-	}
-	p.mu.Unlock()
 	return nil
 }
 

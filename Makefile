@@ -65,6 +65,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := \
 	./services/gateway/sigv4:FuzzVerify \
 	./services/gateway/awsproto:FuzzDecodeQuery \
+	./services/gateway/iam:FuzzParsePolicy \
 	./services/vmd/core:FuzzQEMUArgs
 
 fuzz:

@@ -17,10 +17,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"hangar.dev/hangar/services/firstboot/hostinit"
 	"hangar.dev/hangar/services/internal/hostconf"
@@ -138,6 +141,11 @@ func cmdDev(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// vmd's guests are its children and outlive it; once vmd is gone they
+	// become ours (a subreaper), so stopGuests can reap what it ends.
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	// Deferred first, so it runs after the services stopped.
+	defer stopGuests(e.stateDir("vmd"))
 	sup := &supervisor{exited: make(chan string, len(devServices)+1)}
 	defer sup.stopAll()
 
@@ -290,6 +298,84 @@ func (s *supervisor) stopAll() {
 		waitExit(procs[i], 10*time.Second)
 	}
 	s.done.Wait()
+}
+
+// stopGuests ends the QEMU guests of this development host once its
+// services have stopped. vmd's process-runner guests deliberately outlive
+// vmd (a restart of vmd reattaches to them), but a development host that
+// stops must leave nothing running. A guest of this host is a process whose
+// serial console writes to a log under this host's vmd state directory
+// (STATE/instances/<id>/console.log); that holds whatever runtime directory
+// vmd used, and even when vmd died, and never matches another host's guest.
+// Instances stay recorded: the next start finds them stopped.
+func stopGuests(vmdState string) {
+	marker := "path=" + filepath.Join(vmdState, "instances") + "/"
+	find := func() []int {
+		var pids []int
+		ents, _ := os.ReadDir("/proc")
+		for _, ent := range ents {
+			pid, err := strconv.Atoi(ent.Name())
+			if err != nil {
+				continue
+			}
+			raw, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
+			if err != nil {
+				continue
+			}
+			args := strings.Split(string(raw), "\x00")
+			guest := false
+			for i, a := range args {
+				if a == "-chardev" && i+1 < len(args) && strings.Contains(args[i+1], marker) && strings.HasPrefix(args[i+1], "file,id=console,") {
+					guest = true
+				}
+			}
+			if guest && !zombie(pid) {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	pids := find()
+	if len(pids) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "hangar dev: ending %d guest(s) left running (pids %v)\n", len(pids), pids)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM) // QEMU exits cleanly on SIGTERM
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := 0
+		for _, pid := range pids {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // reaps it once it is ours
+			if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+				left++
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				var ws syscall.WaitStatus
+				_, _ = syscall.Wait4(pid, &ws, 0, nil)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// zombie reports whether pid has exited and waits to be reaped.
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X'
 }
 
 func waitExit(cmd *exec.Cmd, d time.Duration) {

@@ -216,9 +216,6 @@ func (s *Service) planRun(in *ec2.RunInstancesInput) (*runPlan, error) {
 		return nil, err
 	}
 	p.md = md
-	if in.IamInstanceProfile != nil {
-		return nil, awserr.New(400, "Unsupported", "Instance profiles are not supported by hangar yet; launch without --iam-instance-profile.")
-	}
 	if in.HibernationOptions != nil && deref(in.HibernationOptions.Configured) {
 		return nil, awserr.New(400, "UnsupportedHibernationConfiguration", "Hibernation is not supported by hangar.")
 	}
@@ -638,6 +635,9 @@ func (s *Service) reserveLaunch(tx *store.Tx, p *runPlan) ([]string, error) {
 		if key != nil {
 			rec.PublicKey = key.PublicKey
 		}
+		if rec.IamInstanceProfile, err = s.launchProfile(tx, id, p.in.IamInstanceProfile); err != nil {
+			return nil, err
+		}
 		if err := put(tx, kindInstance, id, rec); err != nil {
 			return nil, err
 		}
@@ -948,6 +948,7 @@ func (s *Service) metadata(tx *store.Tx, parts *instanceParts) api.InstanceMetad
 			}
 		}
 	}
+	s.instanceIdentity(tx, parts, &md)
 	return md
 }
 

@@ -466,6 +466,9 @@ func TestInstanceLifecycle(t *testing.T) {
 	if info, _ := e.client.DescribeInstance(ctx(t), id); info.State != api.InstanceStateRunning {
 		t.Fatalf("after reboot: %s", info.State)
 	}
+	if !strings.Contains(e.console(id), testguest.MarkerCAD) {
+		t.Errorf("the guest's init did not see Ctrl-Alt-Del")
+	}
 
 	// kill -9 vmd: the guest keeps running and is controllable after a
 	// restart.

@@ -214,8 +214,9 @@ for e in /sys/class/input/event*; do
     (dd if=/dev/input/${e##*/} of=/dev/null bs=24 count=1 2>/dev/null; echo "` + MarkerPoweroff + `"; sync; poweroff -f) &
   fi
 done
-# Ctrl-Alt-Del reaches init as SIGINT.
-trap 'echo "` + MarkerCAD + `"; reboot -f' INT
+# Ctrl-Alt-Del reaches init as SIGINT (with 1 here the kernel restarts at once).
+echo 0 > /proc/sys/kernel/ctrl-alt-del
+trap 'echo "` + MarkerCAD + `"; sleep 1; reboot -f' INT
 echo "HANGAR-NET: $(ls /sys/class/net | tr '\n' ' ')"
 # Links up: the kernel's IPv6 DAD and router solicitations show on the tap.
 for n in $(ls /sys/class/net); do ip link set "$n" up; done
@@ -236,6 +237,18 @@ done
 // modules into dir and returns its path.
 func Initramfs(t testing.TB, dir, modules string) string {
 	t.Helper()
+	return InitramfsWith(t, dir, modules, Init, WantModules)
+}
+
+// WantModules are the modules Initramfs puts in (with their dependencies).
+var WantModules = wantModules
+
+// InitramfsWith is Initramfs with another init script and module list
+// (module names; their dependencies come along, in load order, listed in
+// /lib/modules/order). The archive is the same bytes for the same inputs,
+// so callers may cache what they build from it.
+func InitramfsWith(t testing.TB, dir, modules, init string, want []string) string {
+	t.Helper()
 	bb, err := findBusybox()
 	if err != nil {
 		t.Skipf("skipping: %v", err)
@@ -249,8 +262,8 @@ func Initramfs(t testing.TB, dir, modules string) string {
 		t.Fatal(err)
 	}
 	w.file("bin/busybox", 0o755, raw)
-	w.file("init", 0o755, []byte(Init))
-	paths, err := moduleOrder(modules, wantModules)
+	w.file("init", 0o755, []byte(init))
+	paths, err := moduleOrder(modules, want)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,6 +88,9 @@ TEST_DEBS += $(IMAGE_DEBS)
 # vmd's guest tests: QEMU with its firmware, a static busybox for the test
 # initramfs, ip(8) for taps, qemu-nbd for hot-plugged disks.
 TEST_DEBS += qemu-system-x86 qemu-utils seabios ovmf busybox-static iproute2
+# tests/instances_test.go's UEFI test AMI: systemd-boot on an ESP made with
+# dosfstools and mtools, partitioned with sfdisk.
+TEST_DEBS += systemd-boot-efi dosfstools mtools fdisk
 
 image:
 	@CGO_ENABLED=0 $(MAKE) -s build BIN=$(IMAGE_OUT)/bin

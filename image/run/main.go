@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -40,8 +41,11 @@ ALLOW_SOFTWARE_EMULATION=yes
 HOST_RESERVE_VCPU=0
 HOST_RESERVE_MEMORY_MB=256
 CPU_OVERCOMMIT=8
-STARTER_AMI=no
+# The gateway imports the image's starter AMI (hangar/debian-12-x86_64) at
+# start; STARTER_AMI=no leaves it out.
 `
+
+var starterOff = regexp.MustCompile(`(?m)^\s*STARTER_AMI\s*=\s*["']?(no|false|0|off)["']?\s*$`)
 
 func main() {
 	imageDir := flag.String("image", "image/out", "directory of the built image (make image)")
@@ -89,6 +93,11 @@ func run(imageDir, stateDir, listen, accel string, memory, cpus int) error {
 	conf, err := os.ReadFile(confPath)
 	if err != nil {
 		return err
+	}
+	if starterOff.Match(conf) {
+		// Earlier versions of make run wrote this line when the image had
+		// no starter AMI yet.
+		fmt.Fprintf(os.Stderr, "make run: %s sets STARTER_AMI=no, so the host will have no AMI hangar/debian-12-x86_64; delete that line to have it imported\n", confPath)
 	}
 	conf = append(conf, []byte(fmt.Sprintf("# from %s\nADMIN_ACCESS_KEY_ID=%s\nADMIN_SECRET_ACCESS_KEY=%s\n", credsFile, keyID, secret))...)
 

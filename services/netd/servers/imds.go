@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -179,17 +180,20 @@ func (h *IMDSHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path := r.URL.Path
-	switch path {
-	case "/", "":
-		writeText(w, "latest")
-		return
-	case "/latest", "/latest/":
-		writeText(w, "dynamic\nmeta-data\nuser-data")
+	if path == "/" || path == "" {
+		writeText(w, strings.Join(imdsVersions, "\n"))
 		return
 	}
-	rest, ok := strings.CutPrefix(path, "/latest/")
-	if !ok {
+	// EC2 serves the same tree under each dated API version and "latest";
+	// cloud-init's Ec2 datasource asks for dated ones (2021-03-23, then
+	// 2018-09-24, then 2009-04-04) and never for "latest".
+	version, rest, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	if !slices.Contains(imdsVersions, version) {
 		http.NotFound(w, r)
+		return
+	}
+	if rest == "" {
+		writeText(w, "dynamic\nmeta-data\nuser-data")
 		return
 	}
 	body, ok := core.ResolveMetadata(core.MetadataTree(md, inst.Net), md, rest)
@@ -203,6 +207,16 @@ func (h *IMDSHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeText(w, body)
+}
+
+// imdsVersions are the API versions EC2's IMDS lists at "/", oldest first.
+var imdsVersions = []string{
+	"1.0", "2007-01-19", "2007-03-01", "2007-08-29", "2007-10-10", "2007-12-15",
+	"2008-02-01", "2008-09-01", "2009-04-04", "2011-01-01", "2011-05-01",
+	"2012-01-12", "2014-02-25", "2014-11-05", "2015-10-20", "2016-04-19",
+	"2016-06-30", "2016-09-02", "2018-03-28", "2018-08-17", "2018-09-24",
+	"2019-10-01", "2020-10-27", "2021-01-03", "2021-03-23", "2021-07-15",
+	"2022-09-24", "latest",
 }
 
 func writeText(w http.ResponseWriter, s string) {

@@ -119,6 +119,21 @@ func TestIMDSHandler(t *testing.T) {
 	if w := do("GET", "/latest/meta-data/instance-id", nil, "10.0.1.5"); w.Code != 200 || w.Body.String() != "i-1" {
 		t.Errorf("v1: %d %q", w.Code, w.Body.String())
 	}
+	// cloud-init's Ec2 datasource asks for dated versions, never "latest".
+	for _, path := range []string{"/2021-03-23/meta-data/instance-id", "/2009-04-04/meta-data/instance-id"} {
+		if w := do("GET", path, nil, "10.0.1.5"); w.Code != 200 || w.Body.String() != "i-1" {
+			t.Errorf("%s: %d %q", path, w.Code, w.Body.String())
+		}
+	}
+	if w := do("GET", "/2009-04-04/meta-data/", nil, "10.0.1.5"); w.Code != 200 || !strings.Contains(w.Body.String(), "instance-id") {
+		t.Errorf("dated listing: %d %q", w.Code, w.Body.String())
+	}
+	if w := do("GET", "/", nil, "10.0.1.5"); w.Code != 200 || !strings.Contains(w.Body.String(), "2009-04-04\n") || !strings.HasSuffix(w.Body.String(), "\nlatest") {
+		t.Errorf("versions: %d %q", w.Code, w.Body.String())
+	}
+	if w := do("GET", "/1999-01-01/meta-data/instance-id", nil, "10.0.1.5"); w.Code != 404 {
+		t.Errorf("unknown version: %d", w.Code)
+	}
 	if w := do("GET", "/latest/meta-data/instance-id", nil, "10.0.1.6"); w.Code != 404 {
 		t.Errorf("unknown caller: %d", w.Code)
 	}

@@ -66,7 +66,8 @@ FUZZ_TARGETS := \
 	./services/gateway/sigv4:FuzzVerify \
 	./services/gateway/awsproto:FuzzDecodeQuery \
 	./services/gateway/iam:FuzzParsePolicy \
-	./services/vmd/core:FuzzQEMUArgs
+	./services/vmd/core:FuzzQEMUArgs \
+	./services/ebsd/internal/blockstore:FuzzPackRecovery
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

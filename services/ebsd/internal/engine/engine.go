@@ -1035,9 +1035,13 @@ func (e *Engine) PutBlock(snapID string, index uint64, data []byte, checksum str
 	}
 	p.mu.Lock()
 	if p.rec.State != api.SnapshotPending || p.closing {
+		state := p.rec.State
+		if p.closing {
+			state = "being completed"
+		}
 		p.mu.Unlock()
 		e.blocks.Unpin(h)
-		return errf(api.ErrConflict, "snapshot %s is %s", snapID, map[bool]string{true: "being completed", false: p.rec.State}[p.closing])
+		return errf(api.ErrConflict, "snapshot %s is %s", snapID, state)
 	}
 	if cur, ok := p.slots[index]; ok && cur > slot {
 		// A later put of this block (a later slot) already won, as it

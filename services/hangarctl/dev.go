@@ -144,9 +144,17 @@ func cmdDev(args []string) error {
 	// vmd's guests are its children and outlive it; once vmd is gone they
 	// become ours (a subreaper), so stopGuests can reap what it ends.
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	// Deferred first, so it runs after the services stopped.
+	// Guests end right after vmd stops, while ebsd still serves their
+	// disks (QEMU flushes them as it exits; with ebsd gone it would wait
+	// out its NBD reconnect delay), and once more, deferred first so it
+	// runs last, for whatever a vmd that died early left.
 	defer stopGuests(e.stateDir("vmd"))
 	sup := &supervisor{exited: make(chan string, len(devServices)+1)}
+	sup.stopped = func(name string) {
+		if name == "hangar-vmd" {
+			stopGuests(e.stateDir("vmd"))
+		}
+	}
 	defer sup.stopAll()
 
 	bus, err := sup.startBus(ctx, e)
@@ -262,6 +270,8 @@ type supervisor struct {
 	names  []string
 	exited chan string
 	done   sync.WaitGroup
+	// stopped, when set, is called by stopAll after each process ended.
+	stopped func(name string)
 }
 
 func (s *supervisor) start(name string, cmd *exec.Cmd, watch bool) error {
@@ -290,18 +300,22 @@ func (s *supervisor) start(name string, cmd *exec.Cmd, watch bool) error {
 func (s *supervisor) stopAll() {
 	s.mu.Lock()
 	procs := append([]*exec.Cmd(nil), s.procs...)
+	names := append([]string(nil), s.names...)
 	s.mu.Unlock()
 	for i := len(procs) - 1; i >= 0; i-- {
 		if p := procs[i].Process; p != nil {
 			_ = p.Signal(syscall.SIGTERM)
 		}
 		waitExit(procs[i], 10*time.Second)
+		if s.stopped != nil {
+			s.stopped(names[i])
+		}
 	}
 	s.done.Wait()
 }
 
-// stopGuests ends the QEMU guests of this development host once its
-// services have stopped. vmd's process-runner guests deliberately outlive
+// stopGuests ends the QEMU guests of this development host once vmd has
+// stopped. vmd's process-runner guests deliberately outlive
 // vmd (a restart of vmd reattaches to them), but a development host that
 // stops must leave nothing running. A guest of this host is a process whose
 // serial console writes to a log under this host's vmd state directory

@@ -306,8 +306,9 @@ func (c NetworkClient) SetInterfaceGroups(ctx context.Context, eniID string, gro
 	return c.call(ctx, NetSetInterfaceGroups, nil, eniID, groupIDs)
 }
 
-// OpenTap returns the ENI's tap, opened (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR),
-// for QEMU's -netdev tap,fd=N. The caller owns the file.
+// OpenTap returns the ENI's tap, opened (IFF_TAP|IFF_NO_PI, without
+// IFF_VNET_HDR, so QEMU runs virtio-net without offloads), for QEMU's
+// -netdev tap,fd=N. The caller owns the file.
 func (c NetworkClient) OpenTap(ctx context.Context, eniID string) (*os.File, error) {
 	var fd dbus.UnixFD
 	if err := c.call(ctx, NetOpenTap, []any{&fd}, eniID); err != nil {

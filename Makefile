@@ -77,7 +77,7 @@ fuzz:
 	done
 
 bench: build
-	HANGAR_BIN_DIR=$(CURDIR)/$(BIN) HANGAR_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^TestBench' -v ./tests/bench/ ./services/vmd/ ./services/netd/ ./services/gateway/ec2/ | grep -v '^=== RUN'
+	HANGAR_BIN_DIR=$(CURDIR)/$(BIN) HANGAR_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^TestBench' -v ./tests/bench/ ./services/vmd/ ./services/netd/ ./services/gateway/ec2/ ./services/ebsd/internal/engine/ | grep -v '^=== RUN'
 
 # The image (docs/image.md): a Debian 12 disk with hangar's overlay, built by
 # image/build.sh from static binaries of every program in PROGRAMS. The base

@@ -9,7 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"hangar.dev/hangar/tests/harness"
@@ -65,12 +67,16 @@ func TestContainerfileAndDevImageShareTheLists(t *testing.T) {
 		"COPY image/packages.list image/packages.sh",
 		"install-overlay.sh --root / --bin /tmp/hangar/bin",
 		"make build BIN=/out/bin",
+		// The same starter AMI, by the same script, into the same place.
+		"image/starter-ami/build.sh --out /out/starter",
+		"COPY --from=starter /out/starter /tmp/hangar/starter",
+		"--starter /tmp/hangar/starter",
 	} {
 		if !strings.Contains(cf, want) {
 			t.Errorf("the Containerfile does not %q", want)
 		}
 	}
-	for _, want := range []string{`"$here/packages.sh" debian`, `"$here/install-overlay.sh" --root`} {
+	for _, want := range []string{`"$here/packages.sh" debian`, `"$here/install-overlay.sh" --root`, `"$here/starter-ami/build.sh" --out "$starter"`, `--starter "$starter"`} {
 		if !strings.Contains(build, want) {
 			t.Errorf("image/build.sh does not %q", want)
 		}
@@ -185,6 +191,31 @@ func TestBuiltImageMatchesTheLists(t *testing.T) {
 		"etc/systemd/system/multi-user.target.wants/hangar.target", "etc/systemd/system/hangar.target.wants/hangar-gateway.service"} {
 		if _, err := os.Lstat(filepath.Join(img.Rootfs, rel)); err != nil {
 			t.Errorf("the image lacks /%s", rel)
+		}
+	}
+	// The starter AMI the gateway imports: ami.env and its disk, still
+	// sparse (the image build must not fill in its holes).
+	starter := filepath.Join(img.Rootfs, "usr/share/hangar/starter")
+	env, err := os.ReadFile(filepath.Join(starter, "ami.env"))
+	if err != nil {
+		t.Errorf("the image has no starter AMI: %v", err)
+	} else {
+		fields := map[string]string{}
+		for _, line := range strings.Split(string(env), "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				fields[k] = v
+			}
+		}
+		if fields["name"] != "hangar/debian-12-x86_64" || fields["boot_mode"] != "uefi" || strings.Contains(fields["disk"], "/") {
+			t.Errorf("ami.env: %v (want the name, uefi, and the disk by its file name)", fields)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(starter, fields["disk"]), &st); err != nil {
+			t.Errorf("the starter disk: %v", err)
+		} else if want := fields["disk_bytes"]; strconv.FormatInt(st.Size, 10) != want || st.Blocks*512 >= st.Size/2 {
+			t.Errorf("the starter disk is %d bytes (ami.env says %s) with %d allocated: not the sparse disk", st.Size, want, st.Blocks*512)
+		} else {
+			record(t, img, "starter AMI in the image: %d MiB allocated of %d MiB", st.Blocks*512>>20, st.Size>>20)
 		}
 	}
 	record(t, img, "image size: root tree %d MiB, disk %d MiB used (sparse, %d MiB apparent)", img.RootfsBytes>>20, img.DiskUsed>>20, img.DiskBytes>>20)

@@ -125,6 +125,11 @@ func TestQEMU(t *testing.T) {
 			t.Errorf("the console's hangar status lacks %q", want)
 		}
 	}
+	// The disk carries the starter AMI the gateway imports (under TCG that
+	// takes minutes; tests/image's nspawn tier waits for it).
+	if strings.Contains(serial, "StarterAMIMissing") {
+		t.Errorf("first boot found no starter AMI on the disk")
+	}
 
 	// Root logs in on the serial console, as make run's user does.
 	out, err := machine.Exec(ctx, "systemctl is-active hangar-gateway hangar.target; hangar status")

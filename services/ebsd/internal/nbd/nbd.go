@@ -11,10 +11,12 @@
 // export's Flush returned, and only after every write received before them
 // was applied.
 //
-// Requests are served on the connection's goroutine. A burst of reads (or
-// of writes) that the client sent back to back is sorted by offset and
-// each contiguous stretch is served with one ReadAt or WriteAt; writes
-// that overlap keep the order they were sent in.
+// Requests are served on the connection's goroutine, in the order they
+// come. A burst of reads (or of writes) that the client sent back to back
+// is sorted by offset and each contiguous stretch is served with one
+// ReadAt or WriteAt; writes that overlap keep the order they were sent in.
+// A FUA write is applied in its place too; only its flush (and FLUSH)
+// runs on a goroutine of its own.
 package nbd
 
 import (
@@ -492,14 +494,30 @@ func (c *conn) transmit() error {
 		}
 		rq.urgent = rq.typ == cmdFlush || rq.flags&cmdFlagFUA != 0
 		if !rq.urgent {
-			c.handle(&rq)
+			errno, data := c.apply(&rq)
+			c.reply(&rq, errno, data)
+			putPayload(data)
 			continue
+		}
+		if rq.typ != cmdFlush {
+			// A FUA request is applied here, in order like any other;
+			// only the flush it asks for runs aside.
+			errno, data := c.apply(&rq)
+			if errno != 0 || rq.typ == cmdRead {
+				c.reply(&rq, errno, data)
+				putPayload(data)
+				continue
+			}
 		}
 		sem <- struct{}{}
 		c.wg.Add(1)
 		go func(rq *request) {
 			defer func() { <-sem; c.wg.Done() }()
-			c.handle(rq)
+			err := c.e.dev.Flush()
+			if err != nil {
+				c.e.log.Warn("nbd flush failed", "export", c.e.name, "cmd", rq.typ, "offset", rq.off, "length", rq.length, "err", err)
+			}
+			c.reply(rq, errnoOf(err), nil)
 		}(&rq)
 	}
 }
@@ -610,7 +628,7 @@ func getPayload(n int) []byte {
 }
 
 func putPayload(b []byte) {
-	if cap(b) == 1<<20 {
+	if b != nil && cap(b) == 1<<20 {
 		b = b[:0]
 		payloadPool.Put(&b)
 	}
@@ -629,15 +647,13 @@ func errnoOf(err error) uint32 {
 	}
 }
 
-func (c *conn) handle(rq *request) {
-	var (
-		errno uint32
-		data  []byte
-		err   error
-	)
+// apply serves a request other than FLUSH, without the flush a FUA asks
+// for, and returns its errno and, for a read, the data (from the payload
+// pool: the caller puts it back once replied).
+func (c *conn) apply(rq *request) (errno uint32, data []byte) {
+	var err error
 	dev := c.e.dev
-	fua := rq.flags&cmdFlagFUA != 0
-	if rq.typ != cmdFlush && rq.off+uint64(rq.length) > dev.Size() || rq.off+uint64(rq.length) < rq.off {
+	if rq.off+uint64(rq.length) > dev.Size() || rq.off+uint64(rq.length) < rq.off {
 		// Past the end: EINVAL for reads, ENOSPC for writes, as the
 		// protocol asks; the payload of a write was already read.
 		errno = errInval
@@ -646,8 +662,7 @@ func (c *conn) handle(rq *request) {
 			putPayload(rq.data)
 		}
 		c.e.log.Warn("nbd request past the end", "export", c.e.name, "cmd", rq.typ, "offset", rq.off, "length", rq.length, "size", dev.Size())
-		c.reply(rq, errno, nil)
-		return
+		return errno, nil
 	}
 	switch rq.typ {
 	case cmdRead:
@@ -656,13 +671,13 @@ func (c *conn) handle(rq *request) {
 			break
 		}
 		data = getPayload(int(rq.length))
-		defer putPayload(data) // after the reply below is written
 		err = dev.ReadAt(data, rq.off)
 		errno = errnoOf(err)
 	case cmdWrite, cmdTrim, cmdWriteZeroes:
 		if !c.e.claimWrite(c) {
 			errno = errPerm
 			err = errors.New("another connection is this export's writer")
+			putPayload(rq.data)
 			break
 		}
 		if rq.typ == cmdWrite {
@@ -671,12 +686,6 @@ func (c *conn) handle(rq *request) {
 		} else {
 			err = dev.Zero(rq.off, uint64(rq.length))
 		}
-		if err == nil && fua {
-			err = dev.Flush()
-		}
-		errno = errnoOf(err)
-	case cmdFlush:
-		err = dev.Flush()
 		errno = errnoOf(err)
 	default:
 		errno = errInval
@@ -685,7 +694,7 @@ func (c *conn) handle(rq *request) {
 	if err != nil {
 		c.e.log.Warn("nbd request failed", "export", c.e.name, "cmd", rq.typ, "offset", rq.off, "length", rq.length, "errno", errno, "err", err)
 	}
-	c.reply(rq, errno, data)
+	return errno, data
 }
 
 func (c *conn) reply(rq *request, errno uint32, data []byte) {

@@ -231,6 +231,14 @@ print(u.urlopen(u.Request(base + "meta-data/instance-id", headers={"X-aws-ec2-me
 	if out, err := ssh(imdsV2, "python3 -"); err != nil || out != instance {
 		t.Errorf("IMDSv2 from inside the guest: %v: %q, want %s", err, out, instance)
 	}
+	// Restarting netd keeps the guest's network: the namespace, bridge and
+	// tap stay, and the new netd serves IMDS again.
+	c.must("systemctl", "restart", "hangar-netd.service")
+	c.waitActive("hangar-netd.service", time.Minute)
+	waitFor(t, time.Minute, "IMDSv2 in the guest after a restart of netd", func() bool {
+		out, err := ssh(imdsV2, "python3 -")
+		return err == nil && out == instance
+	})
 	record(t, img, "nspawn instance (starter AMI, t3.micro, %s): run-instances answered %.1fs; running %.1fs; user-data marker on the console %.1fs; ssh ok %.1fs",
 		accelOf(c), runTook.Seconds(), running.Seconds(), markerAt.Seconds(), sshAt.Seconds())
 

@@ -327,6 +327,29 @@ func TestNspawn(t *testing.T) {
 		}
 	})
 
+	// A VPC is a named network namespace: a mount in /run/netns that must
+	// be the host's (ip netns exec, nsenter, operators), not one in a
+	// mount namespace of netd's own, which would die with netd.
+	t.Run("VPC namespaces are the host's and outlive a netd restart", func(t *testing.T) {
+		vpc := c.mustAWS(creds, "ec2", "describe-vpcs", "--filters", "Name=is-default,Values=true", "--query", "Vpcs[0].VpcId", "--output", "text")
+		ns := "hangar-vpc-" + strings.TrimPrefix(vpc, "vpc-")
+		var before string
+		waitFor(t, 30*time.Second, "netd's namespace "+ns+" to be enterable from the host", func() bool {
+			out, err := c.run("ip", "netns", "exec", ns, "ip", "-o", "link", "show")
+			before = out
+			return err == nil && strings.Contains(out, "alias hangar-netd "+vpc)
+		})
+		inode := c.must("stat", "-L", "-c", "%i", "/run/netns/"+ns)
+		c.must("systemctl", "restart", "hangar-netd.service")
+		c.waitActive("hangar-netd.service", time.Minute)
+		if got := c.must("stat", "-L", "-c", "%i", "/run/netns/"+ns); got != inode {
+			t.Errorf("after a restart of netd %s is namespace %s, was %s: the VPC was rebuilt, not kept", ns, got, inode)
+		}
+		if out, err := c.run("ip", "netns", "exec", ns, "ip", "-o", "link", "show"); err != nil || strings.Count(out, "\n") != strings.Count(before, "\n") {
+			t.Errorf("after a restart of netd the links of %s changed: %v\nbefore:\n%s\nafter:\n%s", ns, err, before, out)
+		}
+	})
+
 	t.Run("a bad key in host.conf is named by hangar status", func(t *testing.T) {
 		c.sh(`printf 'REGON=us-west-2\nALLOW_SOFTWARE_EMULATION=yes\n' > /etc/hangar/host.conf`)
 		c.must("systemctl", "restart", "hangar-firstboot.service")

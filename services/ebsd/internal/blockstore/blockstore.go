@@ -212,10 +212,23 @@ type Record struct {
 	Data        bool // false: a reference to a block stored before
 }
 
-// CreatePack creates the pack of a new snapshot, replacing a stale one.
+// ErrPackInUse is a pack of that name that still holds blocks: a
+// committed snapshot's, whose blocks others may still use.
+var ErrPackInUse = errors.New("a pack of that name still holds blocks")
+
+// CreatePack creates the pack of a new snapshot. An empty leftover of the
+// same name is reused; one that still holds blocks is never truncated.
 func (s *Store) CreatePack(name string) (*Pack, error) {
-	f, err := os.OpenFile(s.packPath(name), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o640)
+	f, err := os.OpenFile(s.packPath(name), os.O_CREATE|os.O_RDWR, 0o640)
 	if err != nil {
+		return nil, fmt.Errorf("creating pack %s: %w", name, err)
+	}
+	if _, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA); !errors.Is(err, unix.ENXIO) {
+		f.Close()
+		return nil, fmt.Errorf("creating pack %s: %w", name, ErrPackInUse)
+	}
+	if err := f.Truncate(0); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("creating pack %s: %w", name, err)
 	}
 	return s.newPack(name, f, 0), nil

@@ -2,6 +2,7 @@ package blockstore
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -253,6 +254,11 @@ func TestCommitTrimFreeAndSweep(t *testing.T) {
 		if err := s.Read(h, got); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("block %d reads back wrong: %v", i, err)
 		}
+	}
+	// A new pack of a committed pack's name is refused: truncating it would
+	// lose blocks others use.
+	if _, err := s.CreatePack("snap-b"); !errors.Is(err, ErrPackInUse) {
+		t.Fatalf("creating a pack over a committed one: %v", err)
 	}
 	// A pack whose snapshot never committed, and one still pending.
 	c, _ := s.CreatePack("snap-c")

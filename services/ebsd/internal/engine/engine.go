@@ -748,7 +748,7 @@ func (e *Engine) commitLocked(p *pendingSnapshot, extra func(*store.Tx) error) e
 	p.rec = rec
 	p.mu.Unlock()
 	e.hooks.SnapshotChanged(snapshotInfo(&rec), true)
-	e.log.Info("snapshot completed", "snapshot", rec.ID, "changed", rec.ChangedBlocks, "blocks", rec.BlockCount, "new_bytes", rec.StoredBytes)
+	e.log.Info("snapshot completed", "snapshot", rec.ID, "changed", rec.ChangedBlocks, "blocks", rec.BlockCount, "new_bytes", rec.StoredBytes, "pack_syncs", p.pack.Syncs())
 	return nil
 }
 

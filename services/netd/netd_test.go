@@ -254,6 +254,49 @@ func TestNetd(t *testing.T) {
 		}
 	})
 
+	t.Run("imds hop limit", func(t *testing.T) {
+		// A container one hop behind guest a (its own namespace, NATed by
+		// the guest, as Docker does) must not get a token with hop limit 1:
+		// the PUT reply leaves IMDS with TTL 1 and dies at the guest's
+		// forwarding. With 2 it arrives.
+		c := "hgt-c-" + w.tag
+		sh(t, "ip", "netns", "add", c)
+		defer func() { _ = exec.Command("ip", "netns", "del", c).Run() }()
+		sh(t, "ip", "link", "add", "hgtc"+w.tag[:4], "netns", a.ns, "type", "veth", "peer", "name", "eth0", "netns", c)
+		mustNS(t, a.ns, "ip", "addr", "add", "192.168.77.1/24", "dev", "hgtc"+w.tag[:4])
+		mustNS(t, a.ns, "ip", "link", "set", "hgtc"+w.tag[:4], "up")
+		mustNS(t, a.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		mustNS(t, a.ns, "nft", "add table ip hgtnat; add chain ip hgtnat post { type nat hook postrouting priority 100; }; add rule ip hgtnat post oifname eth0 masquerade")
+		mustNS(t, c, "ip", "link", "set", "lo", "up")
+		mustNS(t, c, "ip", "addr", "add", "192.168.77.2/24", "dev", "eth0")
+		mustNS(t, c, "ip", "link", "set", "eth0", "up")
+		mustNS(t, c, "ip", "route", "add", "default", "via", "192.168.77.1")
+		container := &guest{name: "container", ns: c}
+		put := func() string {
+			out, _ := inNS(t, c, "curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT",
+				"-H", "X-aws-ec2-metadata-token-ttl-seconds: 60", "http://169.254.169.254/latest/api/token")
+			return strings.TrimSpace(out)
+		}
+		// The container reaches the VPC at all (DNS answers it), so a
+		// missing token is the hop limit, not a broken path.
+		if got := dig(t, container, "@10.0.0.2", "ip-10-0-1-10.ec2.internal"); got != "10.0.1.10" {
+			t.Fatalf("the container cannot reach the VPC's DNS: %q", got)
+		}
+		if code := put(); code == "200" {
+			t.Fatalf("a token reached a container one hop behind the instance with hop limit 1")
+		}
+		if _, code := curl(t, a, "-X", "PUT", "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60", "http://169.254.169.254/latest/api/token"); code != "200" {
+			t.Fatalf("the instance itself lost its token: HTTP %s", code)
+		}
+		md2 := md
+		md2.HttpPutResponseHopLimit = 2
+		must(t, "SetInstanceMetadata hop limit 2", n.SetInstanceMetadata(ctx, eniA, md2))
+		if code := put(); code != "200" {
+			t.Fatalf("hop limit 2: the container got HTTP %s, want 200", code)
+		}
+		must(t, "SetInstanceMetadata", n.SetInstanceMetadata(ctx, eniA, md))
+	})
+
 	t.Run("security groups", func(t *testing.T) {
 		for _, g := range []api.SecurityGroupSpec{
 			{GroupID: sgAdmin, Rules: []api.SGRule{allOut("-1")}},

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -39,7 +38,7 @@ func TestNspawnInstance(t *testing.T) {
 		t.Skip("skipping: the image has no starter AMI (built with HANGAR_STARTER_AMI=no)")
 	}
 	harness.RequireRoot(t)
-	harness.Require(t, harness.AWSCLI, "ssh", "nsenter")
+	harness.Require(t, harness.AWSCLI, "nsenter")
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Skip("skipping: no /dev/net/tun for the guest's tap")
 	}
@@ -107,11 +106,12 @@ func TestNspawnInstance(t *testing.T) {
 	record(t, img, "nspawn: starter AMI %s available %.1fs after boot started (API ready at %.1fs; the gateway's import took %s)",
 		ami, time.Since(c.started).Seconds(), booted.Seconds(), importTook)
 
-	// 2. A key pair and a security group that lets ssh in.
-	key := filepath.Join(dir, "e2e.pem")
+	// 2. A key pair, kept on the host as an operator would, and a
+	// security group that lets ssh in.
+	const key = "/root/e2e.pem"
 	material := aws("ec2", "create-key-pair", "--key-name", "e2e", "--query", "KeyMaterial", "--output", "text")
-	if err := os.WriteFile(key, []byte(material+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	if out, err := c.runInput(context.Background(), material+"\n", "sh", "-c", "umask 077 && cat > "+key); err != nil {
+		t.Fatalf("writing the key in the container: %v: %s", err, out)
 	}
 	vpc := aws("ec2", "describe-vpcs", "--filters", "Name=is-default,Values=true", "--query", "Vpcs[0].VpcId", "--output", "text")
 	sg := aws("ec2", "create-security-group", "--group-name", "e2e-ssh", "--description", "ssh from anywhere", "--vpc-id", vpc, "--query", "GroupId", "--output", "text")
@@ -185,23 +185,20 @@ func TestNspawnInstance(t *testing.T) {
 	})
 	markerAt := time.Since(launched)
 
-	// 6. ssh with the key pair, from inside the VPC (its router namespace,
-	// as netd names it), to the instance's private address.
-	leader := strconv.Itoa(c.leader)
-	vpcNS := "/proc/" + leader + "/root/run/netns/hangar-vpc-" + strings.TrimPrefix(vpc, "vpc-")
-	if _, err := os.Stat(vpcNS); err != nil {
+	// 6. ssh with the key pair from inside the VPC, as docs/operations.md
+	// says: on the host, `ip netns exec hangar-vpc-… ssh` (the VPC's router
+	// namespace, as netd names it; the image's own ssh client).
+	vpcNS := "hangar-vpc-" + strings.TrimPrefix(vpc, "vpc-")
+	if out, err := c.run("ip", "netns", "exec", vpcNS, "true"); err != nil {
 		ls, _ := c.run("ls", "-l", "/run/netns")
-		t.Fatalf("the VPC's namespace is not where netd names it: %v\n%s", err, ls)
+		t.Fatalf("cannot enter the VPC's namespace %s: %v: %s\n%s", vpcNS, err, out, ls)
 	}
 	ssh := func(stdin, remote string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "nsenter", "--net="+vpcNS, "--", "ssh", "-i", key,
+		return c.runInput(ctx, stdin, "ip", "netns", "exec", vpcNS, "ssh", "-i", key,
 			"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
 			"-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", "admin@"+inst.PrivateIpAddress, remote)
-		cmd.Stdin = strings.NewReader(stdin)
-		out, err := cmd.CombinedOutput()
-		return strings.TrimRight(string(out), "\n"), err
 	}
 	// user-data.txt is root's (0600); admin has sudo, as on Debian's AMIs.
 	var got string
@@ -217,7 +214,7 @@ func TestNspawnInstance(t *testing.T) {
 		time.Sleep(2 * time.Second)
 	}
 	sshAt := time.Since(launched)
-	if got+"\n" != userData {
+	if got+"\n" != userData { // runInput trims the last newline
 		t.Errorf("the guest's user-data.txt is %q, sent %q", got, userData)
 	}
 
@@ -256,7 +253,7 @@ print(u.urlopen(u.Request(base + "meta-data/instance-id", headers={"X-aws-ec2-me
 	if p["Slice"] != "hangar-vms.slice" || p["CPUQuotaPerSecUSec"] != "2s" || mem <= 1<<30 || p["MainPID"] == "0" {
 		t.Errorf("%s: %v (want the slice, 100%% CPU per vCPU of a t3.micro, memory above its 1 GiB)", unit, p)
 	}
-	tap := linkWithAlias(t, vpcNS, "hangar-netd "+eni)
+	tap := linkWithAlias(t, c, vpcNS, "hangar-netd "+eni)
 	if tap.name == "" {
 		t.Errorf("no tap of %s in the VPC's namespace", eni)
 	} else {
@@ -285,7 +282,7 @@ print(u.urlopen(u.Request(base + "meta-data/instance-id", headers={"X-aws-ec2-me
 	}
 	if tap.name != "" {
 		waitFor(t, time.Minute, "the tap "+tap.name+" to be gone", func() bool {
-			return linkWithAlias(t, vpcNS, "hangar-netd "+eni).name == ""
+			return linkWithAlias(t, c, vpcNS, "hangar-netd "+eni).name == ""
 		})
 	}
 	waitFor(t, time.Minute, "the root volume "+root+" to be deleted", func() bool {
@@ -345,15 +342,15 @@ func accelOf(c *container) string {
 
 type link struct{ name, flags string }
 
-// linkWithAlias finds the link whose alias is alias in the network
-// namespace at nsPath (netd marks every link it makes with its AWS id).
-func linkWithAlias(t *testing.T, nsPath, alias string) link {
+// linkWithAlias finds the link whose alias is alias in the container's
+// network namespace ns (netd marks every link it makes with its AWS id).
+func linkWithAlias(t *testing.T, c *container, ns, alias string) link {
 	t.Helper()
-	out, err := exec.Command("nsenter", "--net="+nsPath, "--", "ip", "-o", "link", "show").CombinedOutput()
+	out, err := c.run("ip", "netns", "exec", ns, "ip", "-o", "link", "show")
 	if err != nil {
-		t.Fatalf("ip link in %s: %v\n%s", nsPath, err, out)
+		t.Fatalf("ip link in %s: %v\n%s", ns, err, out)
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if !strings.HasSuffix(strings.TrimSpace(line), `alias `+alias) {
 			continue
 		}

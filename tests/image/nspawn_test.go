@@ -66,9 +66,15 @@ func bootContainer(t *testing.T, img *vm.Image, extra ...string) *container {
 		c.leader = childSystemd(c.cmd.Process.Pid)
 		return c.leader != 0
 	})
-	waitFor(t, 30*time.Second, "the container's systemd to answer", func() bool {
+	// Early on, nsenter may find systemd before its bus is up, and the
+	// answer is an error rather than a state: wait for a state.
+	waitFor(t, 30*time.Second, "the container's systemd to answer on its bus", func() bool {
 		state, _ := c.run("systemctl", "is-system-running")
-		return !strings.Contains(state, "Failed to connect")
+		switch state {
+		case "initializing", "starting", "running", "degraded", "maintenance":
+			return true
+		}
+		return false
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -128,8 +134,14 @@ func (c *container) run(args ...string) (string, error) {
 }
 
 func (c *container) runCtx(ctx context.Context, args ...string) (string, error) {
+	return c.runInput(ctx, "", args...)
+}
+
+// runInput runs a command inside the container with stdin.
+func (c *container) runInput(ctx context.Context, stdin string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"-t", strconv.Itoa(c.leader), "-a", "--"}, args...)...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "SYSTEMD_COLORS=0", "SYSTEMD_PAGER="}
+	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }

@@ -35,7 +35,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -638,17 +638,29 @@ func (s *Store) punchPack(name string, slots []uint64) {
 // that failed or never committed) and punches slots of committed packs
 // that no location points to (a crash before Trim or Free punched them).
 func (s *Store) Sweep(referenced func(h string) bool, pending map[string]bool) (int, error) {
-	var cands []string
-	err := s.db.View(func(tx *store.Tx) error {
-		return tx.Each(KindLoc, "", func(h string, _ func(any) error) (bool, error) {
-			cands = append(cands, h)
-			return true, nil
+	// Candidates go to Free a page at a time, so a large store is swept
+	// in bounded memory.
+	const page = 4096
+	freed := 0
+	for after := ""; ; {
+		var cands []string
+		err := s.db.View(func(tx *store.Tx) error {
+			return tx.Each(KindLoc, after, func(h string, _ func(any) error) (bool, error) {
+				cands = append(cands, h)
+				return len(cands) < page, nil
+			})
 		})
-	})
-	if err != nil {
-		return 0, fmt.Errorf("sweeping the block store: %w", err)
+		if err != nil {
+			return freed, fmt.Errorf("sweeping the block store: %w", err)
+		}
+		if len(cands) == 0 {
+			break
+		}
+		after = cands[len(cands)-1]
+		freed += s.Free(cands, referenced)
 	}
-	err = filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
+	var legacy []string
+	err := filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -659,26 +671,27 @@ func (s *Store) Sweep(referenced func(h string) bool, pending map[string]bool) (
 			return nil
 		}
 		if h := d.Name(); ValidHash(h) {
-			cands = append(cands, h)
+			if legacy = append(legacy, h); len(legacy) == page {
+				freed += s.Free(legacy, referenced)
+				legacy = legacy[:0]
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("sweeping the block store: %w", err)
+		return freed, fmt.Errorf("sweeping the block store: %w", err)
 	}
-	freed := s.Free(cands, referenced)
+	freed += s.Free(legacy, referenced)
 
-	live := map[string]map[uint64]bool{}
+	// The live slots of every pack, as sorted slices (8 bytes a block).
+	live := map[string][]uint64{}
 	err = s.db.View(func(tx *store.Tx) error {
 		return tx.Each(KindLoc, "", func(_ string, decode func(any) error) (bool, error) {
 			var l Loc
 			if err := decode(&l); err != nil {
 				return false, err
 			}
-			if live[l.Pack] == nil {
-				live[l.Pack] = map[uint64]bool{}
-			}
-			live[l.Pack][l.Slot] = true
+			live[l.Pack] = append(live[l.Pack], l.Slot)
 			return true, nil
 		})
 	})
@@ -698,21 +711,22 @@ func (s *Store) Sweep(referenced func(h string) bool, pending map[string]bool) (
 			_ = os.Remove(s.packPath(name))
 			continue
 		}
+		slices.Sort(live[name])
 		s.trimDead(name, live[name])
+		delete(live, name)
 	}
 	return freed, nil
 }
 
 // trimDead punches the slots of a committed pack that hold data but are
-// not live, visiting only the file's data extents.
-func (s *Store) trimDead(name string, live map[uint64]bool) {
+// not live (live is sorted), visiting only the file's data extents.
+func (s *Store) trimDead(name string, live []uint64) {
 	f, err := os.OpenFile(s.packPath(name), os.O_RDWR, 0)
 	if err != nil {
 		return
 	}
 	defer f.Close()
 	fd := int(f.Fd())
-	var dead []uint64
 	for off := int64(0); ; {
 		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if err != nil {
@@ -723,15 +737,11 @@ func (s *Store) trimDead(name string, live map[uint64]bool) {
 			break
 		}
 		for slot := uint64(start) / SlotSize; int64(slot)*SlotSize < end; slot++ {
-			if !live[slot] {
-				dead = append(dead, slot)
+			if _, ok := slices.BinarySearch(live, slot); !ok {
+				_ = punchFile(f, slot, 1)
 			}
 		}
 		off = end
-	}
-	sort.Slice(dead, func(i, j int) bool { return dead[i] < dead[j] })
-	for _, slot := range dead {
-		_ = punchFile(f, slot, 1)
 	}
 }
 

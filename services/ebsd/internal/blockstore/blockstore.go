@@ -238,7 +238,7 @@ func (s *Store) newPack(name string, f *os.File, next uint64) *Pack {
 	p := &Pack{s: s, name: name, f: f, next: next, data: map[string]uint64{}}
 	p.cond = sync.NewCond(&p.mu)
 	if wf, err := os.OpenFile(s.packPath(name), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
-		p.wf = wf // tmpfs, for one, refuses O_DIRECT: then writes are buffered
+		p.wf = wf // a filesystem refusing O_DIRECT (older tmpfs) gets buffered writes
 	}
 	return p
 }

@@ -392,3 +392,37 @@ func FuzzPackRecovery(f *testing.F) {
 		}
 	})
 }
+
+// TestUnalignedBlockIsWrittenBuffered: a block in a buffer O_DIRECT cannot
+// take (not 4 KiB-aligned) is written through the page cache instead, and
+// reads back after a reopen like any other.
+func TestUnalignedBlockIsWrittenBuffered(t *testing.T) {
+	s, db := openStore(t, t.TempDir())
+	defer db.Close()
+	p, err := s.CreatePack("snap-u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, h := block(7)
+	buf := make([]byte, BlockSize+1)
+	odd := buf[1:]
+	copy(odd, b)
+	if aligned(odd) {
+		t.Fatal("the test buffer is aligned")
+	}
+	_, ticket, err := p.Append(7, h, odd)
+	if err == nil {
+		err = p.Sync(ticket)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	_, recs, err := s.ResumePack("snap-u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Hash != h || !recs[0].Data {
+		t.Fatalf("recovered %v", recs)
+	}
+}

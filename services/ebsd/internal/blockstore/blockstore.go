@@ -10,6 +10,10 @@
 // started after its write returned (one fdatasync covers every block
 // written meanwhile), and a restart rebuilds the snapshot from the slots
 // whose header and content check out; a torn slot was never acknowledged.
+// Slot 0 holds the pack's watermark: after each fdatasync, the number of
+// leading slots it made durable. A restart trusts those slots' headers
+// and hashes only the blocks past it, so resuming costs what the last
+// unsynced writes cost, not the whole pack.
 // When the snapshot commits, the blocks the store did not hold yet get a
 // location (hash → pack, slot) in the catalog's transaction; every other
 // slot is punched out of the file. Freeing a block punches its slot; a
@@ -58,8 +62,10 @@ const KindLoc = "blockloc"
 
 const (
 	magic        = "HNGRBLK1"
+	metaMagic    = "HNGRPAK1"
 	flagData     = 1 // the slot holds the block; else it refers to a stored one
 	headerFields = 52
+	metaFields   = 16
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -201,8 +207,13 @@ type Pack struct {
 	completed, synced uint64
 	syncing           bool
 	syncs             uint64
-	err               error             // a failed fdatasync: the pack cannot be trusted
-	data              map[string]uint64 // hash → first slot whose block was written
+	// the watermark: slots below contig finished their writes (the others
+	// that finished are in done); wm is the last watermark written
+	contig, wm uint64
+	done       map[uint64]bool
+	verified   int               // blocks ResumePack hashed (for tests)
+	err        error             // a failed fdatasync: the pack cannot be trusted
+	data       map[string]uint64 // hash → first slot whose block was written
 }
 
 // Record is a slot that checked out when a pack was read back.
@@ -231,11 +242,45 @@ func (s *Store) CreatePack(name string) (*Pack, error) {
 		f.Close()
 		return nil, fmt.Errorf("creating pack %s: %w", name, err)
 	}
-	return s.newPack(name, f, 0), nil
+	p := s.newPack(name, f, 1)
+	if err := p.writeMeta(1); err != nil {
+		p.Close()
+		_ = os.Remove(s.packPath(name))
+		return nil, fmt.Errorf("creating pack %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// writeMeta writes the watermark into slot 0. It is not synced: it only
+// ever names slots an fdatasync already made durable, so a lost update
+// costs the next restart some hashing, nothing else.
+func (p *Pack) writeMeta(wm uint64) error {
+	hp := hdrPool.Get().(*[]byte)
+	defer hdrPool.Put(hp)
+	hdr := *hp
+	clear(hdr)
+	copy(hdr, metaMagic)
+	binary.LittleEndian.PutUint64(hdr[8:], wm)
+	binary.LittleEndian.PutUint32(hdr[metaFields:], crc32.Checksum(hdr[:metaFields], castagnoli))
+	_, err := p.f.WriteAt(hdr, 0)
+	if err == nil {
+		p.wm = wm
+	}
+	return err
+}
+
+// readMeta returns the watermark in slot 0, or 1 (trust nothing).
+func (p *Pack) readMeta() uint64 {
+	hdr := make([]byte, metaFields+4)
+	if n, _ := p.f.ReadAt(hdr, 0); n != len(hdr) || string(hdr[:8]) != metaMagic ||
+		binary.LittleEndian.Uint32(hdr[metaFields:]) != crc32.Checksum(hdr[:metaFields], castagnoli) {
+		return 1
+	}
+	return max(1, binary.LittleEndian.Uint64(hdr[8:]))
 }
 
 func (s *Store) newPack(name string, f *os.File, next uint64) *Pack {
-	p := &Pack{s: s, name: name, f: f, next: next, data: map[string]uint64{}}
+	p := &Pack{s: s, name: name, f: f, next: next, contig: next, wm: next, done: map[uint64]bool{}, data: map[string]uint64{}}
 	p.cond = sync.NewCond(&p.mu)
 	if wf, err := os.OpenFile(s.packPath(name), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
 		p.wf = wf // a filesystem refusing O_DIRECT (older tmpfs) gets buffered writes
@@ -273,13 +318,14 @@ func (s *Store) ResumePack(name string) (*Pack, []Record, error) {
 		f.Close()
 		return nil, nil, err
 	}
-	slots := (uint64(st.Size()) + SlotSize - 1) / SlotSize
+	slots := max(1, (uint64(st.Size())+SlotSize-1)/SlotSize)
 	p := s.newPack(name, f, slots)
+	trusted := min(p.readMeta(), slots)
 	var recs []Record
 	hdr := make([]byte, HeaderSize)
 	buf := make([]byte, BlockSize)
-	for slot := uint64(0); slot < slots; slot++ {
-		r, ok := p.check(slot, hdr, buf)
+	for slot := uint64(1); slot < slots; slot++ {
+		r, ok := p.check(slot, hdr, buf, slot >= trusted)
 		if !ok {
 			_ = p.punch(slot, 1)
 			continue
@@ -291,11 +337,22 @@ func (s *Store) ResumePack(name string) (*Pack, []Record, error) {
 		}
 		recs = append(recs, r)
 	}
+	// What checked out may only be in the page cache (a write finished,
+	// its sync did not): make it durable before the watermark says so.
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		p.Close()
+		return nil, nil, fmt.Errorf("syncing pack %s: %w", name, err)
+	}
+	if err := p.writeMeta(slots); err != nil {
+		p.Close()
+		return nil, nil, fmt.Errorf("opening pack %s: %w", name, err)
+	}
 	return p, recs, nil
 }
 
-// check reads slot back and reports whether it is a whole record.
-func (p *Pack) check(slot uint64, hdr, buf []byte) (Record, bool) {
+// check reads slot back and reports whether it is a whole record; verify
+// hashes the block too (a slot past the watermark may be torn).
+func (p *Pack) check(slot uint64, hdr, buf []byte, verify bool) (Record, bool) {
 	off := int64(slot) * SlotSize
 	if n, _ := p.f.ReadAt(hdr, off); n < headerFields+4 {
 		return Record{}, false
@@ -305,7 +362,8 @@ func (p *Pack) check(slot uint64, hdr, buf []byte) (Record, bool) {
 		return Record{}, false
 	}
 	r.Slot = slot
-	if r.Data {
+	if r.Data && verify {
+		p.verified++
 		if n, _ := p.f.ReadAt(buf, off+HeaderSize); n != BlockSize || Sum(buf) != r.Hash {
 			return Record{}, false
 		}
@@ -376,6 +434,11 @@ func (p *Pack) Append(index uint64, h string, data []byte) (slot, ticket uint64,
 	defer p.mu.Unlock()
 	p.inflight--
 	p.cond.Broadcast()
+	p.done[slot] = true
+	for p.done[p.contig] {
+		delete(p.done, p.contig)
+		p.contig++
+	}
 	if err != nil {
 		// A partial record (a full disk) reads back as torn; free its space.
 		_ = p.punch(slot, 1)
@@ -435,9 +498,13 @@ func (p *Pack) Sync(ticket uint64) error {
 			continue
 		}
 		p.syncing = true
-		target := p.completed
+		target, wm := p.completed, p.contig
 		p.mu.Unlock()
 		err := unix.Fdatasync(int(p.f.Fd()))
+		if err == nil && wm > p.wm {
+			// Only the goroutine that holds syncing writes the watermark.
+			_ = p.writeMeta(wm)
+		}
 		p.mu.Lock()
 		p.syncing = false
 		p.syncs++

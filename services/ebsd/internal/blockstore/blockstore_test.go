@@ -42,11 +42,13 @@ func allocated(t *testing.T, path string) int64 {
 	return st.Sys().(*syscall.Stat_t).Blocks * 512
 }
 
-// TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes writes slots, then
-// damages the pack the ways a crash can (a slot whose block was cut short,
-// a header torn mid-write, a slot never written between two that were,
-// garbage past the end) and checks that a restart gets exactly the whole
-// slots back, in order, and punches the torn ones out.
+// TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes writes slots (three
+// synced, the rest written but not yet synced when the "crash" comes),
+// then damages the unsynced ones the ways a crash can (a block cut short,
+// a header torn mid-write, a slot never written between two that were, a
+// short tail) and checks that a restart gets exactly the whole slots back,
+// in order, punches the torn ones, and hashes only blocks past the
+// watermark.
 func TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes(t *testing.T) {
 	dir := t.TempDir()
 	s, db := openStore(t, dir)
@@ -56,44 +58,45 @@ func TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var want []Record
-	for i := 0; i < 6; i++ {
+	for i := 1; i <= 6; i++ {
 		b, h := block(i)
 		slot, ticket, err := p.Append(uint64(100+i), h, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Sync(ticket); err != nil {
-			t.Fatal(err)
+		if slot != uint64(i) {
+			t.Fatalf("block %d went to slot %d", i, slot)
+		}
+		if i <= 3 {
+			if err := p.Sync(ticket); err != nil {
+				t.Fatal(err)
+			}
 		}
 		want = append(want, Record{Slot: slot, Index: uint64(100 + i), Hash: h, Data: true})
 	}
-	// A reference record (the block is held elsewhere).
-	_, h0 := block(0)
-	slot, ticket, err := p.Append(7, h0, nil)
+	// A reference record (the block is held elsewhere), not synced either.
+	_, h1 := block(1)
+	slot, _, err := p.Append(7, h1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Sync(ticket); err != nil {
-		t.Fatal(err)
-	}
-	want = append(want, Record{Slot: slot, Index: 7, Hash: h0})
+	want = append(want, Record{Slot: slot, Index: 7, Hash: h1})
 	p.Close()
+	if got := (&Pack{f: mustOpen(t, s.packPath("snap-1"))}).readMeta(); got != 4 {
+		t.Fatalf("watermark %d after syncing slots 1-3, want 4", got)
+	}
 
-	path := s.packPath("snap-1")
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
+	f := mustOpen(t, s.packPath("snap-1"))
+	// Slot 4: its block half overwritten (a torn data write).
+	if _, err := f.WriteAt(make([]byte, BlockSize/2), 4*SlotSize+HeaderSize+1000); err != nil {
 		t.Fatal(err)
 	}
-	// Slot 1: its block half overwritten (a torn data write).
-	if _, err := f.WriteAt(make([]byte, BlockSize/2), 1*SlotSize+HeaderSize+1000); err != nil {
+	// Slot 6: a header torn in its middle.
+	if _, err := f.WriteAt([]byte("garbage!"), 6*SlotSize+20); err != nil {
 		t.Fatal(err)
 	}
-	// Slot 3: a header torn in its middle.
-	if _, err := f.WriteAt([]byte("garbage!"), 3*SlotSize+20); err != nil {
-		t.Fatal(err)
-	}
-	// Slot 9 written (a concurrent write acknowledged) while slot 8 never
-	// was; then a slot cut short at the end of the file.
+	// Slot 9 written (a concurrent write) while slot 8 never was; then a
+	// slot cut short at the end of the file.
 	b9, h9 := block(9)
 	hdr := make([]byte, HeaderSize)
 	encodeHeader(hdr, 109, h9, true)
@@ -109,7 +112,7 @@ func TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes(t *testing.T) {
 	want = append(want, Record{Slot: 9, Index: 109, Hash: h9, Data: true})
 	var keep []Record
 	for _, r := range want {
-		if r.Slot != 1 && r.Slot != 3 {
+		if r.Slot != 4 && r.Slot != 6 {
 			keep = append(keep, r)
 		}
 	}
@@ -121,18 +124,44 @@ func TestPackRecoveryKeepsWholeSlotsAndDropsTornOnes(t *testing.T) {
 	if fmt.Sprint(recs) != fmt.Sprint(keep) {
 		t.Fatalf("recovered\n%v\nwant\n%v", recs, keep)
 	}
-	// The torn slots were punched; appends go after the last slot.
-	for _, torn := range []uint64{1, 3, 10} {
-		if _, ok := p.check(torn, make([]byte, HeaderSize), make([]byte, BlockSize)); ok {
+	// Blocks below the watermark (slots 1-3) were trusted; 4, 5, 9 and 10
+	// were hashed (6's header did not check out).
+	if p.verified != 4 {
+		t.Fatalf("hashed %d blocks on resume, want 4", p.verified)
+	}
+	// The torn slots were punched.
+	for _, torn := range []uint64{4, 6, 10} {
+		if _, ok := p.check(torn, make([]byte, HeaderSize), make([]byte, BlockSize), true); ok {
 			t.Fatalf("torn slot %d still checks out", torn)
 		}
 	}
+	p.Close()
+	// Resuming synced what checked out and moved the watermark: a second
+	// restart hashes nothing.
+	p, recs2, err := s.ResumePack("snap-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(recs2) != fmt.Sprint(keep) || p.verified != 0 {
+		t.Fatalf("second resume: %v, hashed %d", recs2, p.verified)
+	}
+	// Appends go after the last slot.
 	b, h := block(11)
 	slot, _, err = p.Append(111, h, b)
 	if err != nil || slot != 11 {
 		t.Fatalf("append after recovery: slot %d, %v (want 11)", slot, err)
 	}
 	p.Close()
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 // TestGroupCommitSharesSyncs: 32 writers appending and syncing at once
@@ -347,8 +376,8 @@ func FuzzPackRecovery(f *testing.F) {
 		}
 		b1, h1 := block(1)
 		b2, h2 := block(2)
-		if _, _, err := p.Append(1, h1, b1); err != nil {
-			t.Fatal(err)
+		if slot, _, err := p.Append(1, h1, b1); err != nil || slot != 1 {
+			t.Fatal(slot, err)
 		}
 		p.Close()
 		slot := make([]byte, SlotSize)
@@ -362,10 +391,10 @@ func FuzzPackRecovery(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := fh.WriteAt(slot, SlotSize); err != nil {
+		if _, err := fh.WriteAt(slot, 2*SlotSize); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := fh.WriteAt(append(hdr2, b2...), 2*SlotSize); err != nil {
+		if _, err := fh.WriteAt(append(hdr2, b2...), 3*SlotSize); err != nil {
 			t.Fatal(err)
 		}
 		fh.Close()
@@ -387,7 +416,7 @@ func FuzzPackRecovery(f *testing.F) {
 				}
 			}
 		}
-		if got[0].Hash != h1 || got[2].Hash != h2 || len(recs) > 3 {
+		if got[1].Hash != h1 || got[3].Hash != h2 || len(recs) > 3 {
 			t.Fatalf("recovered %v", recs)
 		}
 	})

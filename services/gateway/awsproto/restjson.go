@@ -233,14 +233,25 @@ func sortedMembers(s *awsmodel.Shape) []string {
 	return names
 }
 
+// Payload is a request body handed to a handler as the SDK's io.Reader. It
+// also gives the bytes themselves, already read once by the server, so a
+// handler that needs them whole (PutSnapshotBlock's 512 KiB) need not copy.
+type Payload struct {
+	*bytes.Reader
+	data []byte
+}
+
+// Bytes returns the whole body; the handler must not modify it.
+func (p *Payload) Bytes() []byte { return p.data }
+
 func setPayload(m *awsmodel.Model, s *awsmodel.Shape, f reflect.Value, body []byte) error {
 	switch s.Type {
 	case "blob":
 		switch {
 		case f.Type() == reflect.TypeOf([]byte(nil)):
 			f.SetBytes(body)
-		case f.Type().Implements(reflect.TypeOf((*io.Reader)(nil)).Elem()) || reflect.TypeOf((*bytes.Reader)(nil)).AssignableTo(f.Type()):
-			f.Set(reflect.ValueOf(bytes.NewReader(body)))
+		case f.Type().Implements(reflect.TypeOf((*io.Reader)(nil)).Elem()) || reflect.TypeOf((*Payload)(nil)).AssignableTo(f.Type()):
+			f.Set(reflect.ValueOf(&Payload{Reader: bytes.NewReader(body), data: body}))
 		default:
 			return fmt.Errorf("awsproto: blob payload into %s", f.Type())
 		}

@@ -256,9 +256,14 @@ func (s *Service) PutSnapshotBlock(ctx context.Context, in *ebs.PutSnapshotBlock
 	if in.ChecksumAlgorithm != types.ChecksumAlgorithmChecksumAlgorithmSha256 {
 		return nil, awsproto.ValidationError("INVALID_PARAMETER_VALUE", "The checksum algorithm %q is not supported; use SHA256.", in.ChecksumAlgorithm)
 	}
-	data, err := io.ReadAll(in.BlockData)
-	if err != nil {
-		return nil, err
+	var data []byte
+	if p, ok := in.BlockData.(interface{ Bytes() []byte }); ok {
+		data = p.Bytes() // the body the server read, without a copy
+	} else {
+		var err error
+		if data, err = io.ReadAll(in.BlockData); err != nil {
+			return nil, err
+		}
 	}
 	if n := aws.ToInt32(in.DataLength); n != BlockSize || len(data) != int(n) {
 		return nil, awsproto.ValidationError("INVALID_BLOCK", "A block must hold %d bytes: DataLength is %d and %d bytes were sent.", BlockSize, n, len(data))

@@ -224,8 +224,17 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 		"-serial", "chardev:ser0",
 		"-qmp", "unix:" + qmpSock + ",server=on,wait=off",
 	}
-	if cfg.Accel == "kvm" {
+	switch cfg.Accel {
+	case "kvm":
 		args = append(args, "-cpu", "host")
+	case "tcg":
+		// QEMU's default CPU model advertises AMD-V (svm), which TCG
+		// emulates: the host's vmd would then run its guests under nested
+		// KVM, and QEMU 7.2's TCG aborts on that ("tcg_handle_interrupt:
+		// assertion failed") as soon as an SMP guest runs, taking the whole
+		// host down. Without svm the host's first boot and vmd see no KVM
+		// and, with ALLOW_SOFTWARE_EMULATION=yes, run guests under TCG.
+		args = append(args, "-cpu", "qemu64,-svm")
 	}
 	if cfg.Seed != "" {
 		args = append(args, "-drive", "file="+cfg.Seed+",format=raw,if=virtio,readonly=on")

@@ -52,7 +52,9 @@ func main() {
 	stateDir := flag.String("state-dir", ".hangar-run", "host-side state: host.conf, credentials, aws config, the VM's files")
 	listen := flag.String("listen", "127.0.0.1:4566", "host address the API is forwarded to")
 	accel := flag.String("accel", "auto", "auto (KVM when it works, else TCG), kvm or tcg")
-	memory := flag.Int("memory", 2048, "guest memory in MiB")
+	// 4 GiB: under TCG the host's vmd counts 1152 MiB of QEMU overhead per
+	// guest besides its RAM, so a t3.micro (1 GiB) needs 2176 MiB free.
+	memory := flag.Int("memory", 4096, "guest memory in MiB")
 	cpus := flag.Int("cpus", 2, "guest vCPUs")
 	flag.Parse()
 	// QEMU gets SIGTERM if the thread that started it dies (Pdeathsig):

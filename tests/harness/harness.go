@@ -236,6 +236,9 @@ func (d *Dev) Restart() {
 // Log returns what hangar dev and its services have logged so far.
 func (d *Dev) Log() string { return d.stderr.String() }
 
+// PID is the process id of `hangar dev`; the services are its children.
+func (d *Dev) PID() int { return d.cmd.Process.Pid }
+
 // Env is the environment for the aws CLI against this host.
 func (d *Dev) Env() []string {
 	return append(os.Environ(),

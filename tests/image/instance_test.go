@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -21,6 +23,16 @@ import (
 // (a t3.micro has 2 vCPUs). Memory is never overcommitted; half a GiB kept
 // back is plenty for the container's services.
 const instanceHostConf = "ALLOW_SOFTWARE_EMULATION=yes\nHOST_RESERVE_VCPU=0\nHOST_RESERVE_MEMORY_MB=512\n"
+
+// The container's LAN: a veth whose container end is the host's uplink and
+// whose other end sits in a namespace of the test standing for a machine
+// on the LAN. Public IPs come from the same /24, as on a metal host's LAN.
+const (
+	lanUplink    = "uplink0"
+	lanHostAddr  = "192.0.2.1/24"  // the hangar host on its uplink
+	lanPeerAddr  = "192.0.2.2/24"  // a machine on the LAN
+	lanPublicIPs = "192.0.2.16/28" // PUBLIC_IP_POOL
+)
 
 // TestNspawnInstance launches the starter AMI on the booted image, as a
 // user of a fresh host would: the image's own units under systemd, the
@@ -45,11 +57,16 @@ func TestNspawnInstance(t *testing.T) {
 
 	dir := t.TempDir()
 	hostConf := filepath.Join(dir, "host.conf")
-	if err := os.WriteFile(hostConf, []byte(instanceHostConf), 0o644); err != nil {
+	conf := instanceHostConf + "UPLINK_INTERFACE=" + lanUplink + "\nPUBLIC_IP_POOL=" + lanPublicIPs + "\n"
+	if err := os.WriteFile(hostConf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// host.conf as cloud-init's write_files leaves it, before first boot.
-	c := bootContainer(t, img, "--bind-ro="+hostConf+":/etc/hangar/host.conf")
+	// host.conf as cloud-init's write_files leaves it, before first boot;
+	// the uplink is there from the start, as a metal host's NIC is.
+	lanVeth := fmt.Sprintf("hl-%d", os.Getpid())
+	c := bootContainer(t, img, "--bind-ro="+hostConf+":/etc/hangar/host.conf",
+		"--network-veth-extra="+lanVeth+":"+lanUplink)
+	lanNS := lanNamespace(t, c, lanVeth)
 	c.waitActive("hangar-gateway.service", 2*time.Minute)
 	booted := time.Since(c.started)
 	creds := c.copyOut("/etc/hangar/credentials")
@@ -228,6 +245,46 @@ print(u.urlopen(u.Request(base + "meta-data/instance-id", headers={"X-aws-ec2-me
 	if out, err := ssh(imdsV2, "python3 -"); err != nil || out != instance {
 		t.Errorf("IMDSv2 from inside the guest: %v: %q, want %s", err, out, instance)
 	}
+	// 7b. ssh from a machine on the LAN through an Elastic IP: netd answers
+	// ARP for it on the uplink and maps it 1:1 to the private address.
+	var alloc struct{ AllocationId, PublicIp string }
+	if err := json.Unmarshal([]byte(aws("ec2", "allocate-address", "--domain", "vpc")), &alloc); err != nil || alloc.PublicIp == "" {
+		t.Fatalf("allocate-address: %v %+v", err, alloc)
+	}
+	aws("ec2", "associate-address", "--allocation-id", alloc.AllocationId, "--instance-id", instance)
+	associated := time.Now()
+	if pub := aws("ec2", "describe-instances", "--instance-ids", instance, "--query", "Reservations[0].Instances[0].PublicIpAddress", "--output", "text"); pub != alloc.PublicIp {
+		t.Errorf("describe-instances shows public IP %q, associated %s", pub, alloc.PublicIp)
+	}
+	lanKey := filepath.Join(dir, "e2e.pem")
+	if err := os.WriteFile(lanKey, []byte(material+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var fromLAN string
+	var lanErr error
+	deadline = time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		raw, err := exec.CommandContext(ctx, "ip", "netns", "exec", lanNS, "ssh", "-i", lanKey,
+			"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+			"-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", "admin@"+alloc.PublicIp, "cat /var/lib/cloud/data/instance-id; ip -4 -o addr show scope global").CombinedOutput()
+		cancel()
+		fromLAN, lanErr = string(raw), err
+		if lanErr == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if lanErr != nil || !strings.Contains(fromLAN, instance) || !strings.Contains(fromLAN, " "+inst.PrivateIpAddress+"/") {
+		t.Errorf("ssh admin@%s (Elastic IP of %s) from the LAN: %v\n%s", alloc.PublicIp, instance, lanErr, fromLAN)
+	} else {
+		record(t, img, "nspawn instance: ssh from the LAN through Elastic IP %s answered %.1fs after associate-address: %s",
+			alloc.PublicIp, time.Since(associated).Seconds(), strings.Join(strings.Fields(fromLAN)[:5], " "))
+	}
+	aws("ec2", "disassociate-address", "--association-id", aws("ec2", "describe-addresses", "--allocation-ids", alloc.AllocationId,
+		"--query", "Addresses[0].AssociationId", "--output", "text"))
+	aws("ec2", "release-address", "--allocation-id", alloc.AllocationId)
+
 	// Restarting netd keeps the guest's network: the namespace, bridge and
 	// tap stay, and the new netd serves IMDS again.
 	c.must("systemctl", "restart", "hangar-netd.service")
@@ -338,6 +395,29 @@ func accelOf(c *container) string {
 		return "none"
 	}
 	return v
+}
+
+// lanNamespace gives the container's uplink a LAN: its address inside the
+// container, and the veth's other end (made by systemd-nspawn in this
+// namespace) moved into a namespace of its own standing for a machine on
+// the LAN, so the test touches none of this machine's own interfaces.
+func lanNamespace(t *testing.T, c *container, veth string) string {
+	t.Helper()
+	ns := fmt.Sprintf("hangar-lan-%d", os.Getpid())
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ip("link", "set", veth, "netns", ns)
+	ip("-n", ns, "addr", "add", lanPeerAddr, "dev", veth)
+	ip("-n", ns, "link", "set", veth, "up")
+	c.must("ip", "addr", "add", lanHostAddr, "dev", lanUplink)
+	c.must("ip", "link", "set", lanUplink, "up")
+	return ns
 }
 
 type link struct{ name, flags string }

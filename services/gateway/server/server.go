@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -211,6 +212,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 		}
 		status, body := awsproto.ErrorXML(q.model.Metadata.Protocol, reqID, e)
 		w.Header().Set("Content-Type", "text/xml")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		w.WriteHeader(status)
 		_, _ = w.Write(body)
 	}
@@ -264,7 +266,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, reqID string, log
 		writeErr(e)
 		return service, op
 	}
+	// The length up front: a client knows where the body ends without
+	// reading a chunked terminator, and the connection is reused cleanly.
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(resp)))
 	_, _ = w.Write(resp)
 	return service, op
 }

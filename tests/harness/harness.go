@@ -116,6 +116,7 @@ type Dev struct {
 	BinDir      string
 
 	t      testing.TB
+	args   []string
 	cmd    *exec.Cmd
 	stderr *lockedBuffer
 	done   chan error
@@ -128,6 +129,8 @@ type Options struct {
 	HostConf string
 	// Dir reuses a state directory (for restart tests).
 	Dir string
+	// Args are more `hangar dev` flags (--starter-ami, say).
+	Args []string
 }
 
 type lockedBuffer struct {
@@ -161,7 +164,7 @@ func StartDev(t testing.TB, opts Options) *Dev {
 			t.Fatal(err)
 		}
 	}
-	d := &Dev{Dir: dir, BinDir: bin, t: t}
+	d := &Dev{Dir: dir, BinDir: bin, t: t, args: opts.Args}
 	d.start()
 	t.Cleanup(d.Stop)
 	return d
@@ -171,7 +174,7 @@ func (d *Dev) start() {
 	t := d.t
 	t.Helper()
 	d.Listen = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
-	d.cmd = exec.Command(filepath.Join(d.BinDir, "hangar"), "dev", "--state-dir", d.Dir, "--listen", d.Listen)
+	d.cmd = exec.Command(filepath.Join(d.BinDir, "hangar"), append([]string{"dev", "--state-dir", d.Dir, "--listen", d.Listen}, d.args...)...)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	d.stderr = &lockedBuffer{}
 	d.cmd.Stderr = d.stderr

@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"hangar.dev/hangar/services/internal/atomicfile"
 	"hangar.dev/hangar/services/internal/hostconf"
 	"hangar.dev/hangar/services/internal/kvm"
 )
@@ -238,7 +239,7 @@ func accountID(path string) (id string, created bool, err error) {
 		return "", false, fmt.Errorf("generating an account id: %w", err)
 	}
 	id = fmt.Sprintf("%012d", n.Int64()+1e11)
-	if err := writeFileAtomic(path, []byte(id+"\n"), 0o644); err != nil {
+	if err := atomicfile.Write(path, []byte(id+"\n"), 0o644, 0o755); err != nil {
 		return "", false, fmt.Errorf("keeping the account id: %w", err)
 	}
 	return id, true, nil
@@ -337,32 +338,4 @@ func checkStorage(dir string, minFree uint64, r *hostconf.Readiness) {
 	if free < minFree {
 		r.Add(hostconf.ReasonStorageMissing, false, "%s has %d MiB free, less than %d MiB; volumes and snapshots will not fit", dir, free>>20, minFree>>20)
 	}
-}
-
-// writeFileAtomic replaces path with data via a temporary file and rename.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"hangar.dev/hangar/services/internal/atomicfile"
 	"hangar.dev/hangar/services/internal/hostconf"
 )
 
@@ -262,10 +263,10 @@ func writePair(dir, certName, keyName string, der []byte, key *ecdsa.PrivateKey)
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, keyName), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, keyName), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600, 0o755); err != nil {
 		return fmt.Errorf("writing %s: %w", keyName, err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, certName), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, certName), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644, 0o755); err != nil {
 		return fmt.Errorf("writing %s: %w", certName, err)
 	}
 	return nil

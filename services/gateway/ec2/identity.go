@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"hangar.dev/hangar/services/internal/api"
+	"hangar.dev/hangar/services/internal/atomicfile"
 )
 
 // The files of the key that signs instance identity documents, in the
@@ -89,7 +90,7 @@ func loadOrMakeKey(path string) (*rsa.PrivateKey, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := atomicfile.Write(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600, 0o750); err != nil {
 		return nil, fmt.Errorf("writing the identity document key: %w", err)
 	}
 	return k, nil
@@ -128,37 +129,10 @@ func makeCert(path string, key *rsa.PrivateKey, account string) (*x509.Certifica
 	if err != nil {
 		return nil, fmt.Errorf("making the identity document certificate: %w", err)
 	}
-	if err := writeAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := atomicfile.Write(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644, 0o750); err != nil {
 		return nil, fmt.Errorf("writing the identity document certificate: %w", err)
 	}
 	return x509.ParseCertificate(der)
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // CertificatePEM is the certificate documents verify against.

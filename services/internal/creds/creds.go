@@ -16,9 +16,10 @@ import (
 	"io"
 	"math/big"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
+
+	"hangar.dev/hangar/services/internal/atomicfile"
 )
 
 // Access is what a key may do.
@@ -166,30 +167,10 @@ func Format(keys []Key) string {
 
 // Write atomically replaces path with keys, mode 0600.
 func Write(path string, keys []Key) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".credentials-*")
-	if err != nil {
+	if err := atomicfile.Write(path, []byte(Format(keys)), 0o600, 0o755); err != nil {
 		return fmt.Errorf("writing credentials: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.WriteString(Format(keys)); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing credentials: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return nil
 }
 
 const (

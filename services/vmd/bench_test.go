@@ -174,21 +174,6 @@ func vmdDone(t *testing.T, e *vmdEnv, id string) {
 	}
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	for i := range s {
-		for j := i + 1; j < len(s); j++ {
-			if s[j] < s[i] {
-				s[i], s[j] = s[j], s[i]
-			}
-		}
-	}
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
 func TestBenchBootRatio(t *testing.T) {
 	if os.Getenv("HANGAR_BENCH") == "" {
 		t.Skip("skipping: a benchmark (make bench sets HANGAR_BENCH=1)")
@@ -239,9 +224,9 @@ func TestBenchBootRatio(t *testing.T) {
 		}
 	}
 	t.Logf("busybox initramfs guest (cloud kernel, 1 vCPU, 256 MiB, TCG) to its init's main loop, %d rounds:", rounds)
-	t.Logf("  bare qemu-system-x86_64        median %5.2f s  %v", median(bareT).Seconds(), bareT)
-	t.Logf("  hangar-vmd CreateInstance      median %5.2f s  %v", median(vmT).Seconds(), vmT)
-	t.Logf("  ratio                                 %5.2fx (goal <= 1.10x)", median(vmT).Seconds()/median(bareT).Seconds())
+	t.Logf("  bare qemu-system-x86_64        median %5.2f s  %v", harness.Median(bareT).Seconds(), bareT)
+	t.Logf("  hangar-vmd CreateInstance      median %5.2f s  %v", harness.Median(vmT).Seconds(), vmT)
+	t.Logf("  ratio                                 %5.2fx (goal <= 1.10x)", harness.Median(vmT).Seconds()/harness.Median(bareT).Seconds())
 	t.Logf("  QEMU RSS beyond guest RAM: hangar %d MiB (total %d MiB), bare %d MiB", vmBeyond>>20, vmRSS>>20, bareBeyond>>20)
 
 	// 2. The starter AMI (uefi) to its user-data marker, in rounds that
@@ -320,9 +305,9 @@ func TestBenchBootRatio(t *testing.T) {
 	}
 	load, _ = os.ReadFile("/proc/loadavg")
 	t.Logf("starter AMI (uefi, %d vCPU, %d MiB, TCG) to the user-data marker on the console, %d rounds:", vcpus, memMiB, amiRounds)
-	t.Logf("  bare qemu-system-x86_64 (local qcow2)       median %6.1f s  %v", median(amiBare).Seconds(), amiBare)
-	t.Logf("  hangar-vmd CreateInstance (disks over NBD)  median %6.1f s  %v", median(amiVM).Seconds(), amiVM)
-	t.Logf("  ratio                                              %6.2fx (goal <= 1.10x)", median(amiVM).Seconds()/median(amiBare).Seconds())
+	t.Logf("  bare qemu-system-x86_64 (local qcow2)       median %6.1f s  %v", harness.Median(amiBare).Seconds(), amiBare)
+	t.Logf("  hangar-vmd CreateInstance (disks over NBD)  median %6.1f s  %v", harness.Median(amiVM).Seconds(), amiVM)
+	t.Logf("  ratio                                              %6.2fx (goal <= 1.10x)", harness.Median(amiVM).Seconds()/harness.Median(amiBare).Seconds())
 	t.Logf("  QEMU RSS beyond guest RAM: hangar %d MiB (total %d MiB), bare %d MiB", amiBeyond>>20, amiTotal>>20, amiBareBeyond>>20)
 	t.Logf("host load average at end: %s", strings.TrimSpace(string(load)))
 }

@@ -182,25 +182,10 @@ func TestBenchRunInstancesBoot(t *testing.T) {
 		}
 	}
 	load, _ = os.ReadFile("/proc/loadavg")
-	hm, bm := medianOf(hangarT), medianOf(bareT)
+	hm, bm := harness.Median(hangarT), harness.Median(bareT)
 	t.Logf("starter AMI (t3.micro: uefi, %d vCPUs, %d MiB, TCG) to the user-data marker on the console, %d rounds:", vcpus, memMiB, rounds)
 	t.Logf("  bare qemu-system-x86_64 (local qcow2 overlay, NoCloud seed)  median %6.1f s  %v", bm.Seconds(), bareT)
 	t.Logf("  run-instances through hangar dev (get-console-output)        median %6.1f s  %v", hm.Seconds(), hangarT)
 	t.Logf("  ratio                                                               %6.2fx (goal <= 1.10x)", hm.Seconds()/bm.Seconds())
 	t.Logf("host load average at end: %s", strings.TrimSpace(string(load)))
-}
-
-func medianOf(d []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	for i := range s {
-		for j := i + 1; j < len(s); j++ {
-			if s[j] < s[i] {
-				s[i], s[j] = s[j], s[i]
-			}
-		}
-	}
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
 }

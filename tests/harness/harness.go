@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -348,4 +349,15 @@ func (d *Dev) BusAddress() string {
 	i := strings.Index(s, "<listen>")
 	j := strings.Index(s, "</listen>")
 	return s[i+len("<listen>") : j]
+}
+
+// Median is the median of benchmark timings (the mean of the middle two
+// for an even count).
+func Median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
 }
